@@ -1,0 +1,1 @@
+"""DuckDB SQL views over the trace store (issue 3)."""

@@ -1,0 +1,222 @@
+"""One row per collective call per rank, from whatever the trace recorded about it.
+
+NCCL-era traces describe each call in a ``record_param_comms`` CPU op (kind, sizes, dtype,
+group), and the transfer is the NCCL/RCCL kernel launched inside it. gloo traces have no such
+op: the call is a ``c10d::<op>_`` CPU op that only enqueues, and the transfer is a
+``gloo:<op>`` span on a gloo worker thread; they are paired per collective kind in issue
+order, and sizes come from ``Input Dims``/``Input type``. Collectives are few, so this is
+plain Python over a handful of rows.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from pathlib import Path
+
+import duckdb
+import pyarrow as pa
+
+from tracetool.schema import COLLECTIVES
+
+DTYPE_BYTES = {
+    "float": 4, "float32": 4, "int": 4, "int32": 4, "uint32": 4, "double": 8, "float64": 8,
+    "long": 8, "int64": 8, "uint64": 8, "half": 2, "float16": 2, "bfloat16": 2,
+    "c10::bfloat16": 2, "c10::half": 2, "short": 2, "int16": 2, "byte": 1, "char": 1,
+    "int8": 1, "uint8": 1, "bool": 1, "float8_e4m3fn": 1, "float8_e5m2": 1,
+    "complexfloat": 8, "complexdouble": 16, "unsigned char": 1, "signed char": 1,
+}
+# Calls recorded like collectives that move no data of their own.
+NOT_COLLECTIVES = {"wait", "monitored_barrier"}
+
+
+def _norm(name: str) -> str:
+    return re.sub(r"[^a-z]", "", name.lower())
+
+
+def _ranks(text: object) -> tuple[list[int] | None, bool]:
+    if isinstance(text, list):
+        return [int(x) for x in text if isinstance(x, int)], False
+    if not isinstance(text, str):
+        return None, False
+    truncated = "..." in text
+    nums = [int(x) for x in re.findall(r"-?\d+", text)]
+    return (nums or None), truncated
+
+
+def _int(v: object) -> int | None:
+    if isinstance(v, bool):
+        return None
+    if isinstance(v, int):
+        return v
+    if isinstance(v, float) and v.is_integer():
+        return int(v)
+    if isinstance(v, str) and v.strip().lstrip("-").isdigit():
+        return int(v)
+    return None
+
+
+def _nelems(dims: object) -> int | None:
+    """Elements of the first tensor (or tensor list) in an Input Dims value."""
+    if not isinstance(dims, list) or not dims:
+        return None
+    first = dims[0]
+    if isinstance(first, list) and first and all(isinstance(x, list) for x in first):
+        total = 0
+        for t in first:
+            total += math.prod(int(x) for x in t) if t else 1
+        return total
+    if isinstance(first, list):
+        return math.prod(int(x) for x in first) if first else 1
+    return None
+
+
+def _rows(con: duckdb.DuckDBPyConnection, sql: str) -> list[dict]:
+    cur = con.execute(sql)
+    names = [d[0] for d in cur.description]
+    return [dict(zip(names, r, strict=True)) for r in cur.fetchall()]
+
+
+def build(con: duckdb.DuckDBPyConnection, out: Path, pg_ranks: dict[str, list[int]]) -> pa.Table:
+    ev = f"read_parquet('{out / 'events.parquet'}')"
+    g = f"read_parquet('{out / 'gpu_ops.parquet'}')"
+    st = f"read_parquet('{out / 'steps.parquet'}')"
+    steps = _rows(con, f"SELECT step, start_ns, cpu_end_ns FROM {st} ORDER BY start_ns")
+
+    def step_of(ts: int) -> int | None:
+        found = None
+        for s in steps:
+            if s["start_ns"] <= ts < (s["cpu_end_ns"] or ts + 1):
+                found = s["step"]
+        return found
+
+    rpc = _rows(con, f"""SELECT eid, ts_ns, dur_ns, end_ns, tid, external_id, args FROM {ev}
+                         WHERE kind = 'cpu_op' AND name = 'record_param_comms' ORDER BY ts_ns""")
+    kernels = _rows(con, f"""SELECT eid, name, stream, ts_ns, end_ns, external_id, launch_ts_ns,
+                                    launch_tid, args_k FROM (
+                               SELECT g.*, e.args AS args_k FROM {g} g JOIN {ev} e USING (eid)
+                               WHERE g.is_comm) ORDER BY coalesce(launch_ts_ns, ts_ns)""")
+    rows: list[dict] = []
+    if rpc:
+        used: set[int] = set()
+        for r in rpc:
+            a = json.loads(r["args"]) if r["args"] else {}
+            if a.get("Collective name") in NOT_COLLECTIVES:
+                continue
+            k = _kernel_for(r, kernels, used)
+            rows.append(_row_from_args(r, a, k, None, pg_ranks, "nccl" if k else "cpu"))
+    else:
+        ops = _rows(con, f"""SELECT eid, name, ts_ns, dur_ns, end_ns, tid, args FROM {ev}
+                             WHERE kind = 'cpu_op' AND name LIKE 'c10d::%' ORDER BY ts_ns, eid""")
+        spans = _rows(con, f"""SELECT eid, name, ts_ns, end_ns, tid, args FROM {ev}
+                               WHERE name LIKE 'gloo:%' ORDER BY ts_ns, eid""")
+        by_kind: dict[str, list[dict]] = {}
+        for s in spans:
+            by_kind.setdefault(_norm(s["name"].split(":", 1)[1]), []).append(s)
+        seen: dict[str, int] = {}
+        for o in ops:
+            coll = o["name"].split("::", 1)[1].rstrip("_")
+            if coll in NOT_COLLECTIVES:
+                continue
+            key = _norm(coll)
+            i = seen.get(key, 0)
+            seen[key] = i + 1
+            cands = by_kind.get(key, [])
+            span = cands[i] if i < len(cands) else None
+            a = json.loads(o["args"]) if o["args"] else {}
+            sa = json.loads(span["args"]) if span and span["args"] else {}
+            row = _row_from_args(o, {"Collective name": coll}, None, span, pg_ranks,
+                                 "gloo" if span else "cpu")
+            dims_src = sa if sa.get("Input Dims") else a
+            n = _nelems(dims_src.get("Input Dims"))
+            types = dims_src.get("Input type") or []
+            dtype = next((t for t in types if t and t not in ("TensorList", "Scalar")), None)
+            row["dtype"] = dtype
+            row["in_nelems"] = row["out_nelems"] = n
+            rows.append(row)
+    # call index per process group, and sizes in bytes
+    counters: dict[str | None, int] = {}
+    for row in rows:
+        row["call_index"] = counters.get(row["pg_name"], 0)
+        counters[row["pg_name"]] = row["call_index"] + 1
+        eb = DTYPE_BYTES.get((row["dtype"] or "").lower())
+        row["elem_bytes"] = eb
+        row["in_bytes"] = row["in_nelems"] * eb if eb and row["in_nelems"] is not None else None
+        row["out_bytes"] = row["out_nelems"] * eb if eb and row["out_nelems"] is not None else None
+        row["step"] = step_of(row["cpu_ts_ns"])
+        if row["group_size"] is None and row["group_ranks"]:
+            row["group_size"] = len(row["group_ranks"])
+    cols = {c.name: pa.array([r.get(c.name) for r in rows], type=c.type)
+            for c in COLLECTIVES.columns}
+    return pa.table(cols)
+
+
+def _kernel_for(r: dict, kernels: list[dict], used: set[int]) -> dict | None:
+    """The comm kernel launched inside this record_param_comms (same thread, inside its
+    window), else the first unused one with the same External id."""
+    end = r["end_ns"] if r["end_ns"] is not None else r["ts_ns"]
+    for k in kernels:
+        lt = k["launch_ts_ns"]
+        if (k["eid"] not in used and lt is not None and k["launch_tid"] == r["tid"]
+                and r["ts_ns"] <= lt <= end):
+            used.add(k["eid"])
+            return k
+    for k in kernels:
+        if k["eid"] not in used and r["external_id"] is not None and \
+                k["external_id"] == r["external_id"]:
+            used.add(k["eid"])
+            return k
+    return None
+
+
+def _row_from_args(
+    r: dict, a: dict, k: dict | None, span: dict | None, pg_ranks: dict[str, list[int]],
+    backend: str,
+) -> dict:
+    pg = a.get("Process Group Name", a.get("Process Group ID"))
+    pg = None if pg is None else str(pg)
+    ranks, truncated = _ranks(a.get("Process Group Ranks"))
+    if ranks is None or truncated:
+        cfg = pg_ranks.get(pg if pg is not None else "0")
+        if cfg:
+            ranks, truncated = cfg, False
+    if pg is None and ranks is None and "0" in pg_ranks:
+        pg, ranks = "0", pg_ranks["0"]
+    if pg is None and backend == "gloo":
+        pg = "0"
+    peer = _int(a.get("Src Rank", a.get("Dst Rank")))
+    coll = a.get("Collective name")
+    if peer is None and coll in ("send", "recv"):
+        peer = _int(a.get("Rank"))
+    comms_id = _int(a.get("Comms Id"))
+    if k is not None:
+        ts, end = k["ts_ns"], k["end_ns"]
+    elif span is not None:
+        ts, end = span["ts_ns"], span["end_ns"]
+    else:
+        ts, end = r["ts_ns"], r["end_ns"]
+    return {
+        "eid": r["eid"], "collective": coll, "backend": backend, "pg_name": pg,
+        "pg_desc": a.get("Process Group Description"),
+        "group_size": _int(a.get("Group size")), "group_ranks": ranks,
+        "group_ranks_truncated": truncated, "seq": _int(a.get("Seq")),
+        "comms_id": comms_id if comms_id is not None and 0 <= comms_id < 2**64 else None,
+        "dtype": a.get("dtype"),
+        "in_nelems": _int(a.get("In msg nelems", a.get("In msg size"))),
+        "out_nelems": _int(a.get("Out msg nelems", a.get("Out msg size"))),
+        "in_split_sizes": _text(a.get("In split size")),
+        "out_split_sizes": _text(a.get("Out split size")),
+        "peer_rank": peer, "cpu_ts_ns": r["ts_ns"], "cpu_dur_ns": r["dur_ns"],
+        "cpu_tid": r["tid"],
+        "kernel_eid": k["eid"] if k else None, "kernel_name": k["name"] if k else None,
+        "kernel_stream": k["stream"] if k else None,
+        "gloo_eid": span["eid"] if span else None,
+        "ts_ns": ts, "end_ns": end, "dur_ns": None if end is None else end - ts,
+    }
+
+
+def _text(v: object) -> str | None:
+    if v is None:
+        return None
+    return v if isinstance(v, str) else json.dumps(v)

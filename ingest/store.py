@@ -1,0 +1,73 @@
+"""The trace store on disk: where each (job, rank) lives and how it is replaced atomically.
+
+Layout: ``STORE/data/job=J/rank=R/<table>.parquet``. An ingest builds the whole ``rank=R``
+directory under ``STORE/.tmp/`` (same file system) and renames it into place, so readers see
+either the old partition or the new one, never a mix.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow.parquet as pq
+
+JOB_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]*$")
+
+
+@dataclass(frozen=True)
+class StoredFile:
+    job: str
+    rank: int
+    path: str
+    file_name: str
+    sha256: str
+    bytes: int
+
+
+class Store:
+    def __init__(self, root: Path) -> None:
+        self.root = Path(root)
+        self.data = self.root / "data"
+        self.tmp = self.root / ".tmp"
+
+    def partition(self, job: str, rank: int) -> Path:
+        return self.data / f"job={job}" / f"rank={rank}"
+
+    def new_workdir(self) -> Path:
+        d = self.tmp / uuid.uuid4().hex
+        d.mkdir(parents=True)
+        return d
+
+    def stored_files(self) -> list[StoredFile]:
+        out = []
+        for f in sorted(self.data.glob("job=*/rank=*/trace_files.parquet")):
+            job = f.parent.parent.name.split("=", 1)[1]
+            rank = int(f.parent.name.split("=", 1)[1])
+            t = pq.read_table(f, columns=["path", "file_name", "sha256", "bytes"]).to_pylist()
+            for r in t:
+                out.append(StoredFile(job, rank, r["path"], r["file_name"], r["sha256"],
+                                      r["bytes"]))
+        return out
+
+    def commit(self, job: str, rank: int, built: Path) -> None:
+        """Move a fully written partition into place, replacing any old one."""
+        target = self.partition(job, rank)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        trash = None
+        if target.exists():
+            trash = self.tmp / f"trash-{uuid.uuid4().hex}"
+            target.rename(trash)
+        built.rename(target)
+        if trash is not None:
+            shutil.rmtree(trash, ignore_errors=True)
+
+    def cleanup(self, workdir: Path) -> None:
+        shutil.rmtree(workdir, ignore_errors=True)
+        try:
+            self.tmp.rmdir()
+        except OSError:
+            pass

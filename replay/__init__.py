@@ -1,0 +1,1 @@
+"""Dependency-graph replay and what-if projection (issue 4)."""

@@ -1,0 +1,3 @@
+from tracetool.cli import main
+
+main()

@@ -1,0 +1,22 @@
+"""The ``tracetool`` command line: one module per command."""
+
+from __future__ import annotations
+
+import click
+
+from tracetool import __version__
+
+from .ingest import ingest_command
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="tracetool")
+def cli() -> None:
+    """Ingest, analyse and replay PyTorch profiler (Kineto) traces."""
+
+
+cli.add_command(ingest_command)
+
+
+def main() -> None:
+    cli()

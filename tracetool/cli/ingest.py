@@ -1,0 +1,78 @@
+"""``tracetool ingest``: trace files -> the Parquet trace store."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+
+from tracetool.ingest.pipeline import FileResult, Options, ingest
+
+
+@click.command("ingest")
+@click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.option("--store", type=click.Path(path_type=Path), default=Path("tracetool-store"),
+              show_default=True, help="Store directory (created if missing).")
+@click.option("--job", help="Job name for these ranks (default: the directory's name).")
+@click.option("--rank", type=click.IntRange(min=0),
+              help="Rank of a single file (overrides distributedInfo and the file name).")
+@click.option("--force", is_flag=True, help="Re-ingest and replace what the store holds.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object per file.")
+@click.option("--strict", is_flag=True, help="Treat a truncated (salvaged) file as an error.")
+@click.option("--workers", type=click.IntRange(min=1),
+              help="Decoding processes (default: all cores).")
+def ingest_command(paths: tuple[Path, ...], store: Path, job: str | None, rank: int | None,
+                   force: bool, as_json: bool, strict: bool, workers: int | None) -> None:
+    """Ingest Kineto trace files (.json, .json.gz) or directories of them into STORE.
+
+    All PATHS are ranks of one job. Each file's rank comes from --rank, else its
+    distributedInfo, else a rank/worker number in its file name. Exit code 0 when every
+    file was ingested or skipped (already in the store), 1 when any failed.
+    """
+    opts = Options(store=store, job=job, rank=rank, force=force, strict=strict,
+                   workers=workers or 0)
+    failed = False
+
+    def report(r: FileResult) -> None:
+        nonlocal failed
+        if r.status == "error":
+            failed = True
+        if as_json:
+            click.echo(json.dumps(r.as_json()))
+        for w in r.warnings:
+            click.echo(f"tracetool: warning: {r.path}: {w}", err=True)
+        if r.status == "error":
+            click.echo(f"tracetool: error: {r.path}: {r.message}", err=True)
+        elif not as_json:
+            where = f"job {r.job} rank {r.rank}" if r.rank is not None else ""
+            verb = "ingested" if r.status == "ingested" else "skipped"
+            click.echo(f"{verb} {r.path} -> {where}: {r.message}")
+
+    progress_factory = _progress_factory() if sys.stderr.isatty() and not as_json else None
+    try:
+        ingest(list(paths), opts, on_result=report, progress_factory=progress_factory)
+    except ValueError as err:
+        raise click.UsageError(str(err)) from None
+    sys.exit(1 if failed else 0)
+
+
+def _progress_factory():  # pragma: no cover - only on a terminal
+    from rich.progress import (BarColumn, DownloadColumn, Progress, TextColumn,
+                               TransferSpeedColumn)
+
+    def factory(path: Path, size: int):
+        prog = Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(),
+                        TransferSpeedColumn(), transient=True)
+        task = prog.add_task(path.name, total=size or None)
+        prog.start()
+
+        def update(done: int) -> None:
+            prog.update(task, completed=done)
+            if size and done >= size:
+                prog.stop()
+
+        return update
+
+    return factory
