@@ -109,14 +109,16 @@ def _repair(text: bytes, err: Exception) -> bytes | None:
     p = int(m.group(1))
     if p >= len(text):
         return None
+    # msgspec's offset is at or just past the offending byte
+    for q in (p, p - 1):
+        if 0 <= q < len(text) and text[q] < 0x20 and "invalid character" in msg:
+            return text[:q] + b"\\u%04x" % text[q] + text[q + 1 :]
     c = text[p : p + 1]
     if "invalid escape" in msg:
         b = text.rfind(b"\\", 0, p + 1)
         if b >= 0:
             return text[:b] + b"\\" + text[b:]
         return None
-    if c and c[0] < 0x20:
-        return text[:p] + b"\\u%04x" % c[0] + text[p + 1 :]
     if "invalid character" in msg and c in (b",", b"}", b"]"):
         before = text[:p].rstrip()
         if before.endswith(b":"):
@@ -144,7 +146,8 @@ def decode_one(text: bytes) -> tuple[Event | None, str | None, bool]:
         except msgspec.DecodeError as err:
             fixed = _repair(text, err)
             if fixed is None:
-                return None, f"invalid JSON: {str(err).removeprefix('JSON is malformed: ')}", repaired
+                why = str(err).removeprefix("JSON is malformed: ")
+                return None, f"invalid JSON: {why}", repaired
             text, repaired = fixed, True
     return None, "invalid JSON: too many problems to repair", repaired
 
@@ -280,11 +283,9 @@ def split_lenient(text: bytes, base_offset: int, is_first: bool, is_last: bool) 
 
 
 def _object_end(text: bytes, pos: int) -> int:
-    """Where the first JSON value in text really ends, given msgspec's trailing offset."""
-    k = pos
-    while k > 0 and text[k - 1 : k] in (b" ", b"\t", b"\r", b"\n", b","):
-        k -= 1
-    return k
+    """Where the leading JSON object of text ends, given msgspec's trailing-characters
+    offset (which points at, or just past, the first byte after it)."""
+    return text.rfind(b"}", 0, pos) + 1
 
 
 def _reslice(out: _Lenient, text: bytes, base_offset: int, start: int, is_last: bool) -> _Lenient:
@@ -527,7 +528,8 @@ def _build_tables(
 
     if keep_counter.any():
         rows: dict[str, list] = {k: [] for k in
-                                 ("ord", "name", "series", "counter_id", "pid_raw", "ts_ns", "value")}
+                                 ("ord", "name", "series", "counter_id", "pid_raw", "ts_ns",
+                                  "value")}
         for k in np.flatnonzero(keep_counter):
             e = events[k]
             try:

@@ -69,7 +69,7 @@ def _copy(con: duckdb.DuckDBPyConnection, sql: str, out: Path, table: str) -> in
     """Write a query to out/<table>.parquet with the schema module's column order and types."""
     t = TABLES_BY_NAME[table]
     cols = ", ".join(
-        f"CAST({c.name} AS {_duck_type(c.type)}) AS {c.name}" for c in t.columns
+        f"CAST({c.name} AS {c.sql_type}) AS {c.name}" for c in t.columns
     )
     order = f" ORDER BY {', '.join(t.sort_key)}" if t.sort_key else ""
     path = out / f"{table}.parquet"
@@ -78,16 +78,6 @@ def _copy(con: duckdb.DuckDBPyConnection, sql: str, out: Path, table: str) -> in
         "(FORMAT parquet, COMPRESSION zstd, ROW_GROUP_SIZE 122880)"
     )
     return con.execute(f"SELECT count(*) FROM read_parquet('{path}')").fetchone()[0]
-
-
-def _duck_type(t: pa.DataType) -> str:
-    if pa.types.is_list(t):
-        return _duck_type(t.value_type) + "[]"
-    return {
-        pa.int64(): "BIGINT", pa.int32(): "INTEGER", pa.uint64(): "UBIGINT",
-        pa.float64(): "DOUBLE", pa.string(): "VARCHAR", pa.bool_(): "BOOLEAN",
-        pa.timestamp("us", tz="UTC"): "TIMESTAMPTZ",
-    }[t]
 
 
 def empty_table(out: Path, table: str) -> None:
@@ -154,7 +144,7 @@ def derive(
               UNION SELECT DISTINCT pid_raw, tid_raw FROM fl_raw)""")
     gpu = ", ".join(f"'{k}'" for k in GPU_KINDS)
     cpu = ", ".join(f"'{k}'" for k in CPU_KINDS)
-    con.execute(f"""
+    con.execute("""
         CREATE OR REPLACE TEMP TABLE ev AS
         SELECT e.* EXCLUDE (dur_ns, ev_idx, ev_idx_old),
                CASE WHEN f.eid IS NOT NULL THEN f.dur_ns ELSE e.dur_ns END AS dur_ns,
@@ -229,7 +219,8 @@ def derive(
         LEFT JOIN nest n USING (eid) LEFT JOIN flow_lists fl USING (eid)
     """.replace("e.* EXCLUDE (ph, ph2)", "e.* EXCLUDE (ph, ph2, async_id)")
        .replace("AS async_id2", "AS async_id"), out, "events")
-    n_merged_e = sum(1 for _, _, d in be_fix if d)
+    n_unmatched_e = sum(1 for i in issues if i[2] == "unmatched_end")
+    n_merged_e = sum(1 for _, _, d in be_fix if d) - n_unmatched_e
 
     # --- counters and metadata
     n_counter_events = 0

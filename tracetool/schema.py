@@ -22,11 +22,26 @@ from dataclasses import dataclass
 import pyarrow as pa
 
 
+def sql_type(t: pa.DataType) -> str:
+    """The DuckDB type a store column has when read back."""
+    if pa.types.is_list(t):
+        return sql_type(t.value_type) + "[]"
+    return {
+        pa.int64(): "BIGINT", pa.int32(): "INTEGER", pa.uint64(): "UBIGINT",
+        pa.float64(): "DOUBLE", pa.string(): "VARCHAR", pa.bool_(): "BOOLEAN",
+        pa.timestamp("us", tz="UTC"): "TIMESTAMPTZ",
+    }[t]
+
+
 @dataclass(frozen=True)
 class Column:
     name: str
     type: pa.DataType
     doc: str
+
+    @property
+    def sql_type(self) -> str:
+        return sql_type(self.type)
 
 
 @dataclass(frozen=True)
@@ -48,7 +63,8 @@ def _c(name: str, type_: pa.DataType, doc: str) -> Column:
     return Column(name, type_, doc)
 
 
-I64, I32, U64, F64, STR, BOOL = pa.int64(), pa.int32(), pa.uint64(), pa.float64(), pa.string(), pa.bool_()
+I64, I32, U64, F64 = pa.int64(), pa.int32(), pa.uint64(), pa.float64()
+STR, BOOL = pa.string(), pa.bool_()
 STR_LIST, I64_LIST = pa.list_(pa.string()), pa.list_(pa.int64())
 
 TRACE_FILES = Table(
@@ -365,7 +381,7 @@ def render_markdown() -> str:
         lines += ["| job | VARCHAR | Job name (partition key, from the path). |",
                   "| rank | INTEGER | Rank (partition key, from the path). |"]
         for c in t.columns:
-            lines.append(f"| {c.name} | {c.type} | {c.doc.replace('|', '/')} |")
+            lines.append(f"| {c.name} | {c.sql_type} | {c.doc.replace('|', '/')} |")
         lines.append("")
     return "\n".join(lines)
 

@@ -59,8 +59,7 @@ def ingest_command(paths: tuple[Path, ...], store: Path, job: str | None, rank: 
 
 
 def _progress_factory():  # pragma: no cover - only on a terminal
-    from rich.progress import (BarColumn, DownloadColumn, Progress, TextColumn,
-                               TransferSpeedColumn)
+    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
 
     def factory(path: Path, size: int):
         prog = Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(),

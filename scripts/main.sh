@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# The main job on the bundled sample traces: set up, ingest, and summarise the store.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+OUT=${OUT:-out}
+rm -rf "$OUT/store"
+.venv/bin/tracetool ingest sample_traces/ddp_gloo_2rank --store "$OUT/store" --job ddp_gloo_2rank
+.venv/bin/python scripts/summary.py "$OUT/store"

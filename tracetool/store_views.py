@@ -1,0 +1,35 @@
+"""Open a trace store in DuckDB: one view per table over its Parquet partitions."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import duckdb
+
+from tracetool.schema import TABLES
+
+
+def table_sql(store: Path | str, table: str) -> str:
+    """The read_parquet() expression for one table of a store (job and rank from the path)."""
+    glob = Path(store) / "data" / "job=*" / "rank=*" / f"{table}.parquet"
+    return (f"read_parquet('{glob}', hive_partitioning = true, union_by_name = true, "
+            "hive_types = {'job': VARCHAR, 'rank': INTEGER})")
+
+
+def setup_sql(store: Path | str) -> str:
+    """SQL that defines a view per table over the store (for the DuckDB CLI too)."""
+    store = Path(store).resolve()
+    return "\n".join(
+        f"CREATE OR REPLACE VIEW {t.name} AS SELECT * FROM {table_sql(store, t.name)};"
+        for t in TABLES
+    )
+
+
+def connect_store(store: Path | str, con: duckdb.DuckDBPyConnection | None = None
+                  ) -> duckdb.DuckDBPyConnection:
+    """A DuckDB connection with one view per store table (events, gpu_ops, ...)."""
+    if not (Path(store) / "data").is_dir():
+        raise FileNotFoundError(f"{store}: not a tracetool store (no data/ directory)")
+    con = con or duckdb.connect()
+    con.execute(setup_sql(store))
+    return con
