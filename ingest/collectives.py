@@ -10,6 +10,7 @@ plain Python over a handful of rows.
 
 from __future__ import annotations
 
+import bisect
 import json
 import math
 import re
@@ -79,32 +80,29 @@ def _rows(con: duckdb.DuckDBPyConnection, sql: str) -> list[dict]:
 
 
 def build(con: duckdb.DuckDBPyConnection, out: Path, pg_ranks: dict[str, list[int]]) -> pa.Table:
-    ev = f"read_parquet('{out / 'events.parquet'}')"
-    g = f"read_parquet('{out / 'gpu_ops.parquet'}')"
-    st = f"read_parquet('{out / 'steps.parquet'}')"
-    steps = _rows(con, f"SELECT step, start_ns, cpu_end_ns FROM {st} ORDER BY start_ns")
+    ev, g, st = (f"read_parquet('{out / t / '*.parquet'}')" for t in ("events", "gpu_ops", "steps"))
+    steps = _rows(con, f"SELECT step, start_ns, coalesce(cpu_end_ns, 9223372036854775807) "
+                       f"AS cpu_end_ns FROM {st} ORDER BY start_ns")
+
+    starts = [s["start_ns"] for s in steps]
 
     def step_of(ts: int) -> int | None:
-        found = None
-        for s in steps:
-            if s["start_ns"] <= ts < (s["cpu_end_ns"] or ts + 1):
-                found = s["step"]
-        return found
+        i = bisect.bisect_right(starts, ts) - 1
+        return steps[i]["step"] if i >= 0 and ts < steps[i]["cpu_end_ns"] else None
 
     rpc = _rows(con, f"""SELECT eid, ts_ns, dur_ns, end_ns, tid, external_id, args FROM {ev}
                          WHERE kind = 'cpu_op' AND name = 'record_param_comms' ORDER BY ts_ns""")
     kernels = _rows(con, f"""SELECT eid, name, stream, ts_ns, end_ns, external_id, launch_ts_ns,
-                                    launch_tid, args_k FROM (
-                               SELECT g.*, e.args AS args_k FROM {g} g JOIN {ev} e USING (eid)
-                               WHERE g.is_comm) ORDER BY coalesce(launch_ts_ns, ts_ns)""")
+                                    launch_tid FROM {g} WHERE is_comm
+                             ORDER BY coalesce(launch_ts_ns, ts_ns)""")
     rows: list[dict] = []
     if rpc:
-        used: set[int] = set()
+        index = _KernelIndex(kernels)
         for r in rpc:
             a = json.loads(r["args"]) if r["args"] else {}
             if a.get("Collective name") in NOT_COLLECTIVES:
                 continue
-            k = _kernel_for(r, kernels, used)
+            k = index.for_call(r)
             rows.append(_row_from_args(r, a, k, None, pg_ranks, "nccl" if k else "cpu"))
     else:
         ops = _rows(con, f"""SELECT eid, name, ts_ns, dur_ns, end_ns, tid, args FROM {ev}
@@ -152,22 +150,39 @@ def build(con: duckdb.DuckDBPyConnection, out: Path, pg_ranks: dict[str, list[in
     return pa.table(cols)
 
 
-def _kernel_for(r: dict, kernels: list[dict], used: set[int]) -> dict | None:
-    """The comm kernel launched inside this record_param_comms (same thread, inside its
-    window), else the first unused one with the same External id."""
-    end = r["end_ns"] if r["end_ns"] is not None else r["ts_ns"]
-    for k in kernels:
-        lt = k["launch_ts_ns"]
-        if (k["eid"] not in used and lt is not None and k["launch_tid"] == r["tid"]
-                and r["ts_ns"] <= lt <= end):
-            used.add(k["eid"])
-            return k
-    for k in kernels:
-        if k["eid"] not in used and r["external_id"] is not None and \
-                k["external_id"] == r["external_id"]:
-            used.add(k["eid"])
-            return k
-    return None
+class _KernelIndex:
+    """Comm kernels by launching thread and launch time, each handed out once."""
+
+    def __init__(self, kernels: list[dict]) -> None:
+        self.by_tid: dict[object, list[tuple[int, int]]] = {}
+        self.by_ext: dict[int, list[dict]] = {}
+        self.rows = {k["eid"]: k for k in kernels}
+        self.used: set[int] = set()
+        for k in kernels:
+            if k["launch_ts_ns"] is not None:
+                self.by_tid.setdefault(k["launch_tid"], []).append((k["launch_ts_ns"], k["eid"]))
+            if k["external_id"] is not None:
+                self.by_ext.setdefault(k["external_id"], []).append(k)
+        for v in self.by_tid.values():
+            v.sort()
+
+    def for_call(self, r: dict) -> dict | None:
+        """The comm kernel launched inside this record_param_comms (same thread, inside its
+        window), else the first unused one with the same External id."""
+        end = r["end_ns"] if r["end_ns"] is not None else r["ts_ns"]
+        launches = self.by_tid.get(r["tid"], [])
+        i = bisect.bisect_left(launches, (r["ts_ns"], -(2**63)))
+        while i < len(launches) and launches[i][0] <= end:
+            eid = launches[i][1]
+            if eid not in self.used:
+                self.used.add(eid)
+                return self.rows[eid]
+            i += 1
+        for k in self.by_ext.get(r["external_id"], []) if r["external_id"] is not None else []:
+            if k["eid"] not in self.used:
+                self.used.add(k["eid"])
+                return k
+        return None
 
 
 def _row_from_args(

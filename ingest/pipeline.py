@@ -114,11 +114,14 @@ def _decode_to_parts(piece: Piece, stage: str, part: int) -> PieceResult:
     gc_was = gc.isenabled()
     gc.disable()
     try:
-        res = decode_piece(piece.text, piece.offset, piece.is_first, piece.is_last)
+        res = decode_piece(piece.load(), piece.offset, piece.is_first, piece.is_last,
+                           piece.join_edges)
     finally:
         if gc_was:
             gc.enable()
     for name, table in res.tables.items():
+        if res.cut_inside_event:
+            break
         d = Path(stage) / name
         d.mkdir(parents=True, exist_ok=True)
         table = table.append_column("piece", pa.array([part] * table.num_rows, pa.int32()))
@@ -135,10 +138,11 @@ class Decoder:
         self._pool: ProcessPoolExecutor | None = None
 
     def pool(self) -> ProcessPoolExecutor:
+        """Forked workers (cheap to start, no re-import of __main__), all started at once
+        by the first submit; ``ingest`` starts them before any DuckDB thread exists."""
         if self._pool is None:
-            ctx = mp.get_context("forkserver")
-            ctx.set_forkserver_preload(["tracetool.ingest.pipeline"])
-            self._pool = ProcessPoolExecutor(self.workers, mp_context=ctx)
+            self._pool = ProcessPoolExecutor(self.workers, mp_context=mp.get_context("fork"))
+            self._pool.submit(int).result()
         return self._pool
 
     def map(self, items: Iterator[Piece], stage: Path) -> Iterator[tuple[Piece, PieceResult]]:
@@ -147,15 +151,15 @@ class Decoder:
         if first is None:
             return
         if self.workers <= 1 or first.is_last:
-            yield first, _decode_to_parts(first, str(stage), first.seq * 2)
+            yield first, _decode_to_parts(first, str(stage), first.seq)
             for p in items:
-                yield p, _decode_to_parts(p, str(stage), p.seq * 2)
+                yield p, _decode_to_parts(p, str(stage), p.seq)
             return
         pool = self.pool()
         window: deque[tuple[Piece, Future]] = deque()
 
         def submit(p: Piece) -> None:
-            window.append((p, pool.submit(_decode_to_parts, p, str(stage), p.seq * 2)))
+            window.append((p, pool.submit(_decode_to_parts, p, str(stage), p.seq)))
 
         submit(first)
         for p in items:
@@ -163,10 +167,17 @@ class Decoder:
             submit(p)
             while len(window) >= 2 * self.workers:
                 q, fut = window.popleft()
-                yield _light(q), fut.result()
+                yield q, fut.result()
         while window:
             q, fut = window.popleft()
-            yield _light(q), fut.result()
+            yield q, fut.result()
+
+    def run(self, fn: Callable, items: Iterable) -> list:
+        """fn over items, on the pool when there is one and more than one item."""
+        items = list(items)
+        if self.workers <= 1 or len(items) <= 1:
+            return [fn(x) for x in items]
+        return list(self.pool().map(fn, items))
 
     def close(self) -> None:
         if self._pool is not None:
@@ -174,8 +185,36 @@ class Decoder:
             self._pool = None
 
 
-def _light(p: Piece) -> Piece:
-    return Piece(p.seq, b"", p.offset, p.is_first, p.is_last)
+def _remove_parts(stage: Path, part: int) -> None:
+    for f in stage.glob(f"*/{part:08d}.parquet"):
+        f.unlink()
+
+
+def _decode_all(decoder: Decoder, items: Iterator[Piece], stage: Path
+                ) -> list[tuple[int, PieceResult, bool]]:
+    """Decode every piece; a piece whose cut fell inside an event is joined with the next
+    one and decoded again (rare: only events larger than a piece, or a cut at a "}, {"
+    inside nested args). Returns (part number, result, is last) in file order."""
+    out: list[tuple[int, PieceResult, bool]] = []
+    carry: Piece | None = None
+    for piece, pr in decoder.map(items, stage):
+        if carry is not None:
+            _remove_parts(stage, piece.seq)
+            piece = Piece(carry.seq, carry.load() + piece.gap + piece.load(), carry.offset,
+                          carry.is_first, piece.is_last, gap=carry.gap)
+            pr = _decode_to_parts(piece, str(stage), piece.seq)
+            carry = None
+        if pr.cut_inside_event:
+            if not piece.is_last:
+                carry = Piece(piece.seq, piece.load(), piece.offset, piece.is_first, False,
+                              gap=piece.gap)
+                continue
+            # nothing to join with: decode it alone, its broken edges quarantined
+            piece = Piece(piece.seq, piece.load(), piece.offset, piece.is_first,
+                          piece.is_last, join_edges=False)
+            pr = _decode_to_parts(piece, str(stage), piece.seq)
+        out.append((piece.seq, pr, piece.is_last))
+    return out
 
 
 # --------------------------------------------------------------------------- one file
@@ -183,6 +222,10 @@ def _light(p: Piece) -> Piece:
 
 class FileFailed(Exception):
     pass
+
+
+class UsageProblem(ValueError):
+    """Options that cannot work together (reported as a usage error by the CLI)."""
 
 
 def ingest_file(
@@ -250,7 +293,6 @@ def _ingest_into(
     stage.mkdir()
     built.mkdir()
     info = SourceInfo(path=path)
-    results: list[tuple[Piece, PieceResult]] = []
 
     def reported(it: Iterator[Piece]) -> Iterator[Piece]:
         for p in it:
@@ -258,12 +300,10 @@ def _ingest_into(
                 progress(info.bytes_on_disk)
             yield p
 
-    for piece, pr in decoder.map(reported(pieces(info, opts.piece_bytes)), stage):
-        results.append((piece, pr))
+    results = _decode_all(decoder, reported(pieces(info, opts.piece_bytes)), stage)
     if progress:
         progress(info.bytes_on_disk)
 
-    # stitch events that a cut split across two pieces; order the parts
     offsets: dict[int, int] = {}
     issues: list[Issue] = []
     issue_eids: list[int | None] = []
@@ -272,31 +312,12 @@ def _ingest_into(
     trailer: bytes | None = None
     closed = False
     truncated_tail = b""
-    for i, (piece, pr) in enumerate(results):
-        if i > 0:
-            prev = results[i - 1][1]
-            if prev.tail_fragment or pr.head_fragment:
-                text = prev.tail_fragment + (b"," if prev.tail_fragment and pr.head_fragment
-                                             else b"") + pr.head_fragment
-                part = piece.seq * 2 - 1
-                sub = _decode_to_parts(Piece(part, text, piece.offset, True, False),
-                                       str(stage), part)
-                offsets[part] = total
-                _collect(sub, total, issues, issue_eids)
-                total += sub.n_read
-                quarantined += sub.n_quarantined
-                if sub.tail_fragment:  # still incomplete: broken beyond repair
-                    issues.append(Issue(None, piece.offset, "invalid_json",
-                                        "unterminated event spanning pieces", True,
-                                        sub.tail_fragment[:200].decode("utf-8", "replace")))
-                    issue_eids.append(total)
-                    total += 1
-                    quarantined += 1
-        offsets[piece.seq * 2] = total
+    for part, pr, is_last in results:
+        offsets[part] = total
         _collect(pr, total, issues, issue_eids)
         total += pr.n_read
         quarantined += pr.n_quarantined
-        if piece.is_last:
+        if is_last:
             trailer, closed = pr.trailer, pr.array_closed
             truncated_tail = pr.tail_fragment
     salvaged = not closed or info.gzip_truncated
@@ -349,7 +370,7 @@ def _ingest_into(
     threads = max(1, opts.workers or os.cpu_count() or 1)
     con = derive_mod.connect(work, threads, opts.memory_limit)
     try:
-        d = derive_mod.derive(con, stage, built, offsets, base, pg_ranks)
+        d = derive_mod.derive(con, stage, built, offsets, total, base, pg_ranks, decoder.run)
     finally:
         con.close()
     for eid, off, issue, detail, q, snip in d.issues:
@@ -363,9 +384,9 @@ def _ingest_into(
                          f"{stored_n}, quarantined {quarantined}); please report")
     it = issues_table(issues)
     it = it.drop_columns(["ord"]).add_column(0, "eid", pa.array(issue_eids, pa.int64()))
-    pq.write_table(it, built / "ingest_issues.parquet", compression="zstd")
+    derive_mod.write_arrow(it, built, "ingest_issues")
 
-    stats = [pr for _, pr in results]
+    stats = [pr for _, pr, _ in results]
     res.events_read, res.events_stored, res.events_quarantined = total, stored_n, quarantined
     row = {
         "path": str(path.resolve()), "file_name": path.name, "sha256": info.sha256,
@@ -391,7 +412,7 @@ def _ingest_into(
         "tracetool_version": __version__,
     }
     tf = pa.table({c.name: pa.array([row[c.name]], type=c.type) for c in TRACE_FILES.columns})
-    pq.write_table(tf, built / "trace_files.parquet")
+    derive_mod.write_arrow(tf, built, "trace_files")
     store.commit(job, rank, built)
     res.status = "ingested"
     res.message = f"{total} events read, {stored_n} stored, {quarantined} quarantined"
@@ -452,12 +473,15 @@ def ingest(
             on_result(r)
     job = opts.job or default_job(paths, files)
     if not JOB_NAME.match(job):
-        raise ValueError(f"invalid job name {job!r}: use letters, digits, '.', '_', '+', '-'")
+        raise UsageProblem(f"invalid job name {job!r}: use letters, digits, '.', '_', '+', '-'")
     if opts.rank is not None and len(files) > 1:
-        raise ValueError("--rank applies to a single trace file, but several were given")
+        raise UsageProblem("--rank applies to a single trace file, but several were given")
     store = Store(opts.store)
     workers = opts.workers or os.cpu_count() or 1
     decoder = Decoder(workers)
+    sizes = [f.stat().st_size for f in files if f.is_file()]
+    if workers > 1 and any(s > opts.piece_bytes // 4 for s in sizes):
+        decoder.pool()
     try:
         for f in files:
             size = f.stat().st_size if f.exists() and f.is_file() else 0

@@ -22,6 +22,8 @@ READ_BLOCK = 8 << 20
 PREAMBLE_LIMIT = 256 << 20
 GZIP_MAGIC = b"\x1f\x8b"
 TRACE_EVENTS_KEY = re.compile(rb'"traceEvents"\s*:\s*\[')
+WHITESPACE = b"\xef\xbb\xbf \t\r\n"
+BOUNDARY_CONTEXT = 1 << 16  # a "}, {" separator longer than this is not found
 
 
 class TraceFileError(Exception):
@@ -31,10 +33,21 @@ class TraceFileError(Exception):
 @dataclass
 class Piece:
     seq: int
-    text: bytes
+    text: bytes | None  # None: read ``length`` bytes at ``offset`` of ``path``
     offset: int  # offset of text[0] in the JSON text
     is_first: bool
     is_last: bool
+    path: Path | None = None
+    length: int = 0
+    join_edges: bool = True  # False: quarantine a broken first/last event, don't ask to join
+    gap: bytes = b","  # the separator between the previous piece and this one, as written
+
+    def load(self) -> bytes:
+        if self.text is not None:
+            return self.text
+        with open(self.path, "rb") as f:  # type: ignore[arg-type]
+            f.seek(self.offset)
+            return f.read(self.length)
 
 
 @dataclass
@@ -117,25 +130,27 @@ def _text_blocks(info: SourceInfo) -> Iterator[bytes]:
 
 
 def pieces(info: SourceInfo, piece_bytes: int = 32 << 20) -> Iterator[Piece]:
-    """Yield the pieces of the event array; ``info`` gains the preamble and container."""
+    """Yield the pieces of the event array; ``info`` gains the preamble and container.
+
+    Pieces of a plain file are byte ranges the worker reads itself (the main process only
+    hashes the file and finds the cut points); pieces of a gzip file carry their text.
+    """
     blocks = _text_blocks(info)
     buf = b""
     for block in blocks:
         buf += block
-        stripped = buf.lstrip(b"\xef\xbb\xbf \t\r\n")
-        if stripped:
+        if buf.lstrip(WHITESPACE):
             break
-    buf = buf.lstrip(b"\xef\xbb\xbf \t\r\n")
-    if not buf:
+    lead = len(buf) - len(buf.lstrip(WHITESPACE))
+    if len(buf) == lead:
         raise TraceFileError("empty file (only whitespace)")
-    offset = 0
-    if buf[:1] == b"[":
+    if buf[lead : lead + 1] == b"[":
         info.container = "array"
-        start = 1
-    elif buf[:1] == b"{":
+        start = lead + 1
+    elif buf[lead : lead + 1] == b"{":
         info.container = "object"
         while True:
-            m = TRACE_EVENTS_KEY.search(buf)
+            m = TRACE_EVENTS_KEY.search(buf, lead)
             if m:
                 break
             if len(buf) > PREAMBLE_LIMIT:
@@ -144,43 +159,72 @@ def pieces(info: SourceInfo, piece_bytes: int = 32 << 20) -> Iterator[Piece]:
             if block is None:
                 raise TraceFileError("not a trace: JSON object without a traceEvents array")
             buf += block
-        info.preamble = buf[1 : m.start()]
+        info.preamble = buf[lead + 1 : m.start()]
         start = m.end()
     else:
-        raise TraceFileError(
-            f"not JSON: starts with {buf[:20].decode('utf-8', 'replace')!r}"
-        )
-    buf = buf[start:]
-    offset = start
+        text = buf[lead : lead + 20].decode("utf-8", "replace")
+        raise TraceFileError(f"not JSON: starts with {text!r}")
+    if info.compression == "none":
+        yield from _range_pieces(info, blocks, buf, start, piece_bytes)
+    else:
+        yield from _text_pieces(blocks, buf[start:], start, piece_bytes)
+    info.sha256 = info.hasher.hexdigest()
+
+
+def _text_pieces(blocks: Iterator[bytes], buf: bytes, offset: int, piece_bytes: int
+                 ) -> Iterator[Piece]:
     seq = 0
-    first = True
     eof = False
+    gap = b""
     while True:
-        while not eof and len(buf) < piece_bytes + (1 << 20):
+        m = None
+        while not eof:
+            if len(buf) > piece_bytes:
+                m = BOUNDARY.search(buf, piece_bytes)
+                if m:
+                    break
             block = next(blocks, None)
             if block is None:
                 eof = True
-                break
-            buf += block
-        if eof:
-            yield Piece(seq, buf, offset, first, True)
-            break
-        m = BOUNDARY.search(buf, piece_bytes)
-        while m is None and not eof:
-            block = next(blocks, None)
-            if block is None:
-                eof = True
-                break
-            buf += block
-            m = BOUNDARY.search(buf, piece_bytes)
+            else:
+                buf += block
         if m is None:
-            yield Piece(seq, buf, offset, first, True)
-            break
-        cut = m.start() + 1
-        yield Piece(seq, buf[:cut], offset, first, False)
+            yield Piece(seq, buf, offset, seq == 0, True, gap=gap)
+            return
+        yield Piece(seq, buf[: m.start() + 1], offset, seq == 0, False, gap=gap)
+        gap = buf[m.start() + 1 : m.end() - 1]
         nxt = m.end() - 1
         offset += nxt
         buf = buf[nxt:]
         seq += 1
-        first = False
-    info.sha256 = info.hasher.hexdigest()
+
+
+def _range_pieces(info: SourceInfo, blocks: Iterator[bytes], head: bytes, start: int,
+                  piece_bytes: int) -> Iterator[Piece]:
+    """Cut points of a plain file found while hashing it; text stays on disk."""
+    seq = 0
+    piece_start = start
+    gap = b""
+    window, window_off = head, 0  # window holds text from window_off on
+    while True:
+        target = piece_start + piece_bytes
+        m = None
+        if window_off + len(window) > target:
+            m = BOUNDARY.search(window, max(0, target - window_off))
+        if m is not None:
+            cut = window_off + m.start() + 1
+            yield Piece(seq, None, piece_start, seq == 0, False, info.path, cut - piece_start,
+                        gap=gap)
+            gap = m.group()[1:-1]
+            piece_start = window_off + m.end() - 1
+            seq += 1
+            continue
+        block = next(blocks, None)
+        if block is None:
+            end = window_off + len(window)
+            yield Piece(seq, None, piece_start, seq == 0, True, info.path, end - piece_start,
+                        gap=gap)
+            return
+        keep = window[-BOUNDARY_CONTEXT:]
+        window_off += len(window) - len(keep)
+        window = keep + block

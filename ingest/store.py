@@ -1,6 +1,6 @@
 """The trace store on disk: where each (job, rank) lives and how it is replaced atomically.
 
-Layout: ``STORE/data/job=J/rank=R/<table>.parquet``. An ingest builds the whole ``rank=R``
+Layout: ``STORE/data/job=J/rank=R/<table>/part-N.parquet``. An ingest builds the whole ``rank=R``
 directory under ``STORE/.tmp/`` (same file system) and renames it into place, so readers see
 either the old partition or the new one, never a mix.
 """
@@ -44,9 +44,10 @@ class Store:
 
     def stored_files(self) -> list[StoredFile]:
         out = []
-        for f in sorted(self.data.glob("job=*/rank=*/trace_files.parquet")):
-            job = f.parent.parent.name.split("=", 1)[1]
-            rank = int(f.parent.name.split("=", 1)[1])
+        for f in sorted(self.data.glob("job=*/rank=*/trace_files/*.parquet")):
+            part = f.parent.parent
+            job = part.parent.name.split("=", 1)[1]
+            rank = int(part.name.split("=", 1)[1])
             t = pq.read_table(f, columns=["path", "file_name", "sha256", "bytes"]).to_pylist()
             for r in t:
                 out.append(StoredFile(job, rank, r["path"], r["file_name"], r["sha256"],

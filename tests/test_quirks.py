@@ -290,10 +290,10 @@ def test_reingest_is_noop_and_force_replaces(tmp_path: Path) -> None:
     f = write(tmp_path / "rank0.json", kineto_text([x("a", 1, 1)]))
     store = tmp_path / "s"
     assert run("ingest", f, "--store", store, "--job", "j")[0] == 0
-    before = (store / "data/job=j/rank=0/trace_files.parquet").stat().st_mtime_ns
+    before = (store / "data/job=j/rank=0/trace_files/part-0.parquet").stat().st_mtime_ns
     code, out, _ = run("ingest", f, "--store", store, "--job", "j", "--json")
     assert code == 0 and json.loads(out)["status"] == "skipped"
-    assert (store / "data/job=j/rank=0/trace_files.parquet").stat().st_mtime_ns == before
+    assert (store / "data/job=j/rank=0/trace_files/part-0.parquet").stat().st_mtime_ns == before
     f.write_text(kineto_text([x("a", 1, 1), x("b", 2, 1)]))
     code, _, err = run("ingest", f, "--store", store, "--job", "j")
     assert code == 1 and "--force" in err

@@ -1,7 +1,8 @@
 """The trace store's schema: every table and column, in one place.
 
-The store is a directory of Parquet files laid out as ``STORE/data/job=J/rank=R/<table>.parquet``:
-each table is one Parquet dataset partitioned by job and rank (hive style), and the
+The store is a directory of Parquet files laid out as
+``STORE/data/job=J/rank=R/<table>/part-N.parquet``: each table is one Parquet dataset
+partitioned by job and rank (hive style), and the
 ``job=J/rank=R`` directory of one ingested trace file is written in a temporary directory and
 renamed into place, so a reader never sees half of an ingest. ``job`` (VARCHAR) and ``rank``
 (INTEGER) come from the path, not from the files.
@@ -111,7 +112,9 @@ EVENTS = Table(
     "events",
     "Every slice (ph X, or a matched B/E pair) and instant (ph i/I/R) and async event "
     "(ph b/n/e) of the trace, with exact integer-ns times, its track, its place in the "
-    "per-track nesting, and the typed join keys Kineto puts in args.",
+    "per-track nesting, and the typed join keys Kineto puts in args. Kept in file order "
+    "(Kineto writes each thread's and stream's events together, in time order), one part "
+    "per decoded piece.",
     (
         _c("eid", I64, "Position of the event in traceEvents (0-based); the event's id."),
         _c("ph", STR, "Phase: X (complete, or a B/E pair merged), i (instant; I and R are "
@@ -154,7 +157,7 @@ EVENTS = Table(
         _c("flow_in", I64_LIST, "flow_id of the flows that end (f) or step (t) on this slice."),
         _c("args", STR, "The event's args object as written (JSON text), NULL when absent."),
     ),
-    sort_key=("track_id", "ts_ns", "eid"),
+    sort_key=("eid",),
 )
 
 GPU_OPS = Table(

@@ -11,7 +11,7 @@ from tracetool.schema import TABLES
 
 def table_sql(store: Path | str, table: str) -> str:
     """The read_parquet() expression for one table of a store (job and rank from the path)."""
-    glob = Path(store) / "data" / "job=*" / "rank=*" / f"{table}.parquet"
+    glob = Path(store) / "data" / "job=*" / "rank=*" / table / "*.parquet"
     return (f"read_parquet('{glob}', hive_partitioning = true, union_by_name = true, "
             "hive_types = {'job': VARCHAR, 'rank': INTEGER})")
 

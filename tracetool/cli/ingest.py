@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from tracetool.ingest.pipeline import FileResult, Options, ingest
+from tracetool.ingest.pipeline import FileResult, Options, UsageProblem, ingest
 
 
 @click.command("ingest")
@@ -53,7 +53,7 @@ def ingest_command(paths: tuple[Path, ...], store: Path, job: str | None, rank: 
     progress_factory = _progress_factory() if sys.stderr.isatty() and not as_json else None
     try:
         ingest(list(paths), opts, on_result=report, progress_factory=progress_factory)
-    except ValueError as err:
+    except UsageProblem as err:
         raise click.UsageError(str(err)) from None
     sys.exit(1 if failed else 0)
 

@@ -1,0 +1,115 @@
+"""Third stage, in the workers: write one final events part from its staged piece.
+
+The derivation stage leaves per-event results in dense arrays indexed by eid (saved as .npy
+files, memory-mapped here), so each piece's final Parquet part is written in file order by a
+worker, in parallel, without moving the heavy ``args`` text through a sort or a join.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from tracetool.schema import EVENTS
+
+DENSE = ("depth", "parent", "overlap", "track")
+
+
+@dataclass(frozen=True)
+class FinishJob:
+    stage_part: str
+    out_part: str
+    derived_dir: str
+    offset: int
+    base_ns: int
+    track_kinds: tuple[str, ...]  # indexed by track_id
+
+
+def save_dense(derived_dir: Path, **arrays: np.ndarray) -> None:
+    derived_dir.mkdir(parents=True, exist_ok=True)
+    for name, arr in arrays.items():
+        np.save(derived_dir / f"{name}.npy", arr)
+
+
+def _load(d: Path, name: str) -> np.ndarray:
+    return np.load(d / f"{name}.npy", mmap_mode="r")
+
+
+def finish_part(job: FinishJob) -> int:
+    """Write the final events part; returns the rows written."""
+    d = Path(job.derived_dir)
+    t = pq.read_table(job.stage_part)
+    eid = t["ord"].to_numpy() + job.offset
+    drops = _load(d, "drop_eid") if (d / "drop_eid.npy").exists() else None
+    if drops is not None and len(drops):
+        keep = ~np.isin(eid, drops)
+        t, eid = t.filter(pa.array(keep)), eid[keep]
+    dur = t["dur_ns"]
+    if (d / "fix_eid.npy").exists():
+        fix_eid, fix_dur = _load(d, "fix_eid"), _load(d, "fix_dur")
+        pos = np.searchsorted(fix_eid, eid)
+        pos = np.minimum(pos, max(len(fix_eid) - 1, 0))
+        hit = (fix_eid[pos] == eid) if len(fix_eid) else np.zeros(len(eid), bool)
+        if hit.any():
+            d_np = dur.to_numpy().copy()
+            d_np[hit] = fix_dur[pos[hit]]
+            dur = pa.array(d_np, mask=hit & (d_np < 0))
+    depth = _load(d, "depth")[eid]
+    parent = _load(d, "parent")[eid]
+    overlap = _load(d, "overlap")[eid]
+    track = _load(d, "track")[eid]
+    ts = pc.add(t["ts_ns"], job.base_ns)
+    ph = t["ph"]
+    if pc.any(pc.is_in(ph, pa.array(["I", "R", "B"]))).as_py():
+        ph = pc.replace_substring_regex(pc.replace_substring_regex(ph, "^[IR]$", "i"),
+                                        "^B$", "X")
+    async_id = pc.if_else(pc.is_in(ph, pa.array(["b", "n", "e"])), t["async_id"],
+                          pa.scalar(None, pa.string()))
+    kinds = pa.array(job.track_kinds, type=pa.string())
+    cols = {
+        "eid": pa.array(eid), "ph": ph, "cat": t["cat"], "kind": t["kind"], "name": t["name"],
+        "ts_ns": ts, "dur_ns": dur, "end_ns": pc.add(ts, dur),
+        "pid": t["pid"], "tid": t["tid"], "pid_raw": t["pid_raw"], "tid_raw": t["tid_raw"],
+        "track_id": pa.array(track.astype(np.int32)),
+        "track_kind": kinds.take(pa.array(track)),
+        "depth": pa.array(depth, mask=depth < 0),
+        "parent_eid": pa.array(parent, mask=parent < 0),
+        "overlaps_parent": pa.array(overlap, mask=depth < 0),
+        "external_id": t["external_id"], "correlation": t["correlation"],
+        "seq_nr": t["seq_nr"], "fwd_thread_id": t["fwd_thread_id"],
+        "ev_idx": pc.coalesce(t["ev_idx"], t["ev_idx_old"]),
+        "record_function_id": t["record_function_id"], "python_id": t["python_id"],
+        "python_parent_id": t["python_parent_id"],
+        "device": pc.cast(t["device"], pa.int32(), safe=False), "stream": t["stream"],
+        "async_id": async_id,
+    }
+    flow_out, flow_in = _flow_lists(d, eid)
+    cols["flow_out"], cols["flow_in"] = flow_out, flow_in
+    cols["args"] = t["args"]
+    out = pa.table({c.name: _cast(cols[c.name], c.type) for c in EVENTS.columns})
+    pq.write_table(out, job.out_part, compression="zstd", row_group_size=128 * 1024)
+    return out.num_rows
+
+
+def _cast(a: pa.Array | pa.ChunkedArray, t: pa.DataType) -> pa.Array | pa.ChunkedArray:
+    return a if a.type == t else pc.cast(a, t)
+
+
+def _flow_lists(d: Path, eid: np.ndarray) -> tuple[pa.Array, pa.Array]:
+    f = d / "flow_lists.parquet"
+    empty = pa.nulls(len(eid), pa.list_(pa.int64()))
+    if not f.exists() or not len(eid):
+        return empty, empty
+    fl = pq.read_table(f, filters=[("eid", ">=", int(eid.min())), ("eid", "<=", int(eid.max()))])
+    if not fl.num_rows:
+        return empty, empty
+    fe = fl["eid"].to_numpy()
+    pos = np.minimum(np.searchsorted(fe, eid), len(fe) - 1)
+    hit = fe[pos] == eid
+    idx = pa.array(pos, mask=~hit)
+    return fl["flow_out"].take(idx), fl["flow_in"].take(idx)
