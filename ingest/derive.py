@@ -318,7 +318,8 @@ def _cpu_steps(con: duckdb.DuckDBPyConnection, out: Path) -> None:
         SELECT {STEP_NUMBER} AS step, eid, ts_ns AS start_ns,
                coalesce(end_ns, 9223372036854775807) AS cpu_end_ns, end_ns, dur_ns, args
         FROM {events_glob(out)}
-        WHERE kind = 'user_annotation' AND name LIKE 'ProfilerStep#%' AND {STEP_NUMBER} IS NOT NULL
+        WHERE kind IN ('user_annotation', 'cpu_op')  -- 2021 traces: cat Operator
+          AND name LIKE 'ProfilerStep#%' AND {STEP_NUMBER} IS NOT NULL
     """)
 
 
