@@ -10,7 +10,7 @@ here with SQL.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,7 +23,7 @@ from tracetool.schema import TABLES_BY_NAME
 
 from .finish import FinishJob, save_dense
 from .kinds import CPU_KINDS, GPU_KINDS, LAUNCH_KINDS
-from .nesting import bind_flows, nest
+from .nesting import nest_and_bind
 
 COMM_KERNEL = ("(g.name ILIKE 'nccl%' OR g.name ILIKE '%rccl%' OR g.name ILIKE '%multimem%' "
                "OR g.name ILIKE '%all_reduce%kernel%' OR g.name ILIKE '%allreduce%kernel%' "
@@ -31,6 +31,7 @@ COMM_KERNEL = ("(g.name ILIKE 'nccl%' OR g.name ILIKE '%rccl%' OR g.name ILIKE '
 STEP_NUMBER = r"TRY_CAST(regexp_extract(name, 'ProfilerStep#(\d+)', 1) AS INTEGER)"
 
 MapFn = Callable[[Callable, Iterable], Iterable]
+BATCH_ROWS = 1 << 18
 
 
 @dataclass
@@ -98,17 +99,17 @@ def derive(
 ) -> Derived:
     work = stage.parent
     issues: list[tuple] = []
-    con.execute("CREATE OR REPLACE TEMP TABLE offsets(piece INTEGER, off BIGINT)")
+    con.execute("CREATE OR REPLACE TABLE offsets(piece INTEGER, off BIGINT)")
     con.executemany("INSERT INTO offsets VALUES (?, ?)", list(offsets.items()))
     ev_parts, fl_parts = _parts(stage, "events"), _parts(stage, "flows")
     _stage_views(con, ev_parts, fl_parts, base_ns)
 
     be_fix = _pair_begin_end(con, issues)
-    con.execute("CREATE OR REPLACE TEMP TABLE be_fix(eid BIGINT, dur_ns BIGINT, drop_row BOOLEAN)")
+    con.execute("CREATE OR REPLACE TABLE be_fix(eid BIGINT, dur_ns BIGINT, drop_row BOOLEAN)")
     if be_fix:
         con.executemany("INSERT INTO be_fix VALUES (?, ?, ?)", be_fix)
     con.execute("""
-        CREATE OR REPLACE TEMP TABLE track_ids AS
+        CREATE OR REPLACE TABLE track_ids AS
         SELECT pid_raw, tid_raw,
                (row_number() OVER (ORDER BY TRY_CAST(pid_raw AS BIGINT) NULLS LAST, pid_raw,
                                    TRY_CAST(tid_raw AS BIGINT) NULLS LAST, tid_raw) - 1)::INTEGER
@@ -116,7 +117,7 @@ def derive(
         FROM (SELECT DISTINCT pid_raw, tid_raw FROM ev_raw
               UNION SELECT DISTINCT pid_raw, tid_raw FROM fl_raw)""")
     con.execute("""
-        CREATE OR REPLACE TEMP TABLE ev AS
+        CREATE OR REPLACE TABLE ev AS
         SELECT e.eid, t.track_id, e.kind, e.ts_ns,
                CASE WHEN f.eid IS NOT NULL THEN f.dur_ns ELSE e.dur_ns END AS dur_ns,
                e.ph IN ('X', 'B', 'i', 'I', 'R') AS nests
@@ -127,7 +128,7 @@ def derive(
     gpu = ", ".join(f"'{k}'" for k in GPU_KINDS)
     cpu = ", ".join(f"'{k}'" for k in CPU_KINDS)
     con.execute(f"""
-        CREATE OR REPLACE TEMP TABLE track_kinds AS
+        CREATE OR REPLACE TABLE track_kinds AS
         SELECT track_id,
                CASE WHEN bool_or(kind IN ({gpu})) THEN 'gpu_stream'
                     WHEN bool_and(kind = 'cuda_sync') THEN 'gpu_device'
@@ -178,57 +179,72 @@ def _stage_views(con: duckdb.DuckDBPyConnection, ev_parts: list[Path], fl_parts:
                  base_ns: int) -> None:
     if ev_parts:
         con.execute(f"""
-            CREATE OR REPLACE TEMP VIEW ev_raw AS
+            CREATE OR REPLACE VIEW ev_raw AS
             SELECT r.ord + o.off AS eid, r.ph, r.kind, r.ts_ns + {base_ns} AS ts_ns, r.dur_ns,
                    r.pid_raw, r.tid_raw
             FROM read_parquet({_list(ev_parts)}) r JOIN offsets o USING (piece)""")
     else:
-        con.execute("""CREATE OR REPLACE TEMP VIEW ev_raw AS SELECT NULL::BIGINT eid,
+        con.execute("""CREATE OR REPLACE VIEW ev_raw AS SELECT NULL::BIGINT eid,
             NULL::VARCHAR ph, NULL::VARCHAR kind, NULL::BIGINT ts_ns, NULL::BIGINT dur_ns,
             NULL::VARCHAR pid_raw, NULL::VARCHAR tid_raw WHERE false""")
     if fl_parts:
         con.execute(f"""
-            CREATE OR REPLACE TEMP VIEW fl_raw AS
+            CREATE OR REPLACE VIEW fl_raw AS
             SELECT r.* EXCLUDE (ord, piece, ts_ns), r.ord + o.off AS eid,
                    r.ts_ns + {base_ns} AS ts_ns
             FROM read_parquet({_list(fl_parts)}) r JOIN offsets o USING (piece)""")
     else:
-        con.execute("""CREATE OR REPLACE TEMP VIEW fl_raw AS SELECT NULL::VARCHAR ph,
+        con.execute("""CREATE OR REPLACE VIEW fl_raw AS SELECT NULL::VARCHAR ph,
             NULL::VARCHAR cat, NULL::VARCHAR name, NULL::BIGINT flow_id,
             NULL::VARCHAR flow_id_raw, NULL::VARCHAR pid_raw, NULL::VARCHAR tid_raw,
             NULL::VARCHAR bp, NULL::BIGINT eid, NULL::BIGINT ts_ns WHERE false""")
 
 
+def _batches(con: duckdb.DuckDBPyConnection, sql: str) -> Iterator[dict[str, np.ndarray]]:
+    reader = con.sql(sql).to_arrow_reader(BATCH_ROWS)
+    for batch in reader:
+        yield {name: col.to_numpy(zero_copy_only=False)
+               for name, col in zip(batch.schema.names, batch.columns, strict=True)}
+
+
 def _nesting_and_flows(con: duckdb.DuckDBPyConnection, derived: Path, out: Path,
                        total: int) -> None:
-    """Dense per-eid depth/parent/overlap/track arrays, and the bound flows table."""
-    sl = con.sql("""SELECT track_id, ts_ns, coalesce(dur_ns, 0) AS dur_ns, eid FROM ev
-                    WHERE nests ORDER BY track_id, ts_ns, dur_ns DESC, eid""").fetchnumpy()
-    s_track, s_ts, s_dur, s_eid = sl["track_id"], sl["ts_ns"], sl["dur_ns"], sl["eid"]
-    depth_s, parent_s, overlap_s = nest(s_track, s_ts, s_dur, s_eid)
-    depth = np.full(total, -1, dtype=np.int32)
-    parent = np.full(total, -1, dtype=np.int64)
-    overlap = np.zeros(total, dtype=bool)
-    track = np.full(total, -1, dtype=np.int32)
-    depth[s_eid], parent[s_eid], overlap[s_eid] = depth_s, parent_s, overlap_s
-    all_tracks = con.sql("SELECT eid, track_id FROM ev").fetchnumpy()
-    track[all_tracks["eid"]] = all_tracks["track_id"]
-    save_dense(derived, depth=depth, parent=parent, overlap=overlap, track=track)
-    del depth, parent, overlap, track, all_tracks
+    """Dense per-eid depth/parent/overlap/track arrays (memory-mapped .npy files, filled
+    from batches), and the flows table with each flow's bound slice."""
+    derived.mkdir(parents=True, exist_ok=True)
 
-    fl = con.sql("""
-        SELECT f.eid, t.track_id, f.ts_ns, (f.ph = 'f' AND f.bp IS DISTINCT FROM 'e') AS nxt
-        FROM fl_raw f JOIN track_ids t
-          ON f.pid_raw IS NOT DISTINCT FROM t.pid_raw AND f.tid_raw IS NOT DISTINCT FROM t.tid_raw
-        ORDER BY t.track_id, f.ts_ns, f.eid""").fetchnumpy()
-    bound = bind_flows(s_track, s_ts, s_ts + s_dur, s_eid, fl["track_id"], fl["ts_ns"],
-                       np.asarray(fl["nxt"], dtype=bool))
+    def dense(name: str, dtype: type, fill: int) -> np.ndarray:
+        arr = np.lib.format.open_memmap(derived / f"{name}.npy", mode="w+", dtype=dtype,
+                                        shape=(total,))
+        arr[:] = fill
+        return arr
+
+    depth, parent = dense("depth", np.int32, -1), dense("parent", np.int64, -1)
+    overlap, track = dense("overlap", np.bool_, 0), dense("track", np.int32, -1)
+    for b in _batches(con, "SELECT eid, track_id FROM ev"):
+        track[b["eid"]] = b["track_id"]
+    flow_eids, bound = nest_and_bind(
+        _batches(con, """SELECT track_id, ts_ns, coalesce(dur_ns, 0) AS dur_ns, eid FROM ev
+                         WHERE nests ORDER BY track_id, ts_ns, dur_ns DESC, eid"""),
+        _batches(con.cursor(), """
+            SELECT f.eid, t.track_id, f.ts_ns, (f.ph = 'f' AND f.bp IS DISTINCT FROM 'e') AS nxt
+            FROM fl_raw f JOIN track_ids t ON f.pid_raw IS NOT DISTINCT FROM t.pid_raw
+                                          AND f.tid_raw IS NOT DISTINCT FROM t.tid_raw
+            ORDER BY t.track_id, f.ts_ns, f.eid"""),
+        depth, parent, overlap)
+    for arr in (depth, parent, overlap, track):
+        arr.flush()
+    del depth, parent, overlap, track
+    b_arr = np.array(bound, dtype=np.int64)
     con.register("bound_arrow", pa.table({
-        "eid": fl["eid"], "track_id": fl["track_id"],
-        "bound_eid": pa.array(bound, mask=bound < 0),
+        "eid": pa.array(flow_eids, type=pa.int64()),
+        "bound_eid": pa.array(b_arr, mask=b_arr < 0),
     }))
-    copy_table(con, "SELECT f.*, b.track_id, b.bound_eid FROM fl_raw f "
-                    "JOIN bound_arrow b USING (eid)", out, "flows")
+    copy_table(con, """SELECT f.*, t.track_id, b.bound_eid FROM fl_raw f
+                       JOIN bound_arrow b USING (eid)
+                       JOIN track_ids t ON f.pid_raw IS NOT DISTINCT FROM t.pid_raw
+                                       AND f.tid_raw IS NOT DISTINCT FROM t.tid_raw""",
+               out, "flows")
     con.unregister("bound_arrow")
     con.execute(f"""
         COPY (SELECT bound_eid AS eid,
@@ -314,7 +330,7 @@ def _pair_begin_end(con: duckdb.DuckDBPyConnection, issues: list[tuple]) -> list
 
 def _cpu_steps(con: duckdb.DuckDBPyConnection, out: Path) -> None:
     con.execute(f"""
-        CREATE OR REPLACE TEMP TABLE cpu_steps AS
+        CREATE OR REPLACE TABLE cpu_steps AS
         SELECT {STEP_NUMBER} AS step, eid, ts_ns AS start_ns,
                coalesce(end_ns, 9223372036854775807) AS cpu_end_ns, end_ns, dur_ns, args
         FROM {events_glob(out)}

@@ -1,4 +1,4 @@
-"""Per-track nesting (depth, parent) and flow binding, with Perfetto's rules.
+"""Per-track nesting (depth, parent) and flow binding, with Perfetto's rules, streamed.
 
 Slices on a track are visited sorted by (ts, longer dur first, eid). Intervals are half-open:
 a slice that ends where the next begins is closed first, while a zero-length slice stays open
@@ -7,113 +7,112 @@ it is a partial overlap: it is still placed under the open slice and flagged (Pe
 it to an overflow track; older Perfetto dropped it).
 
 Flow events bind on their own track: ``s``, ``t`` and ``f`` with ``bp == "e"`` to the innermost
-slice open at their time, ``f`` without a binding point to the next slice that starts at or
-after it.
+slice open at their time (slices starting at that very time included), ``f`` without a binding
+point to the next slice that starts at or after it.
+
+Both sorted streams arrive in batches and are merged in one pass, so memory does not grow with
+the trace: results go straight into (memory-mapped) arrays indexed by eid.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import numpy as np
 
-
-def _closed(start: int, end: int, t: int) -> bool:
-    """Is a slice [start, end) over by time t?"""
-    return end < t or (end == t and start < end)
+Batch = dict[str, np.ndarray]
 
 
-def nest(
-    track: np.ndarray, ts: np.ndarray, dur: np.ndarray, eid: np.ndarray
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Rows sorted by (track, ts, -dur, eid) -> (depth, parent eid or -1, overlaps_parent)."""
-    n = len(ts)
-    depth = np.zeros(n, dtype=np.int32)
-    parent = np.full(n, -1, dtype=np.int64)
-    overlap = np.zeros(n, dtype=bool)
-    tr, t0, d0, ids = track.tolist(), ts.tolist(), dur.tolist(), eid.tolist()
-    st_start: list[int] = []
-    st_end: list[int] = []
-    st_id: list[int] = []
-    cur = None
-    for i in range(n):
-        if tr[i] != cur:
-            cur = tr[i]
-            st_start.clear()
-            st_end.clear()
-            st_id.clear()
-        s = t0[i]
-        e = s + d0[i]
-        while st_end and _closed(st_start[-1], st_end[-1], s):
-            st_start.pop()
-            st_end.pop()
-            st_id.pop()
-        if st_end:
-            parent[i] = st_id[-1]
-            overlap[i] = e > st_end[-1]
-        depth[i] = len(st_end)
-        st_start.append(s)
-        st_end.append(e)
-        st_id.append(ids[i])
-    return depth, parent, overlap
+class _Stack:
+    __slots__ = ("track", "start", "end", "eid")
+
+    def __init__(self) -> None:
+        self.track: object = None
+        self.start: list[int] = []
+        self.end: list[int] = []
+        self.eid: list[int] = []
+
+    def reset(self, track: object) -> None:
+        self.track = track
+        self.start.clear()
+        self.end.clear()
+        self.eid.clear()
+
+    def close_before(self, t: int) -> None:
+        """Pop slices over by time t ([start, end) half-open; zero-length at t stays)."""
+        start, end, eid = self.start, self.end, self.eid
+        while end and (end[-1] < t or (end[-1] == t and start[-1] < end[-1])):
+            start.pop()
+            end.pop()
+            eid.pop()
 
 
-def bind_flows(
-    slice_track: np.ndarray,
-    slice_ts: np.ndarray,
-    slice_end: np.ndarray,
-    slice_eid: np.ndarray,
-    flow_track: np.ndarray,
-    flow_ts: np.ndarray,
-    flow_next: np.ndarray,
-) -> np.ndarray:
-    """Bound slice eid (or -1) for each flow event.
+def _slices(batches: Iterator[Batch]) -> Iterator[tuple[int, int, int, int]]:
+    for b in batches:
+        yield from zip(b["track_id"].tolist(), b["ts_ns"].tolist(), b["dur_ns"].tolist(),
+                       b["eid"].tolist(), strict=True)
 
-    Slices are sorted as for ``nest``; flows by (track, ts). ``flow_next`` marks ``f``
-    events without ``bp``, which bind to the next slice starting at or after them.
-    """
-    out = np.full(len(flow_ts), -1, dtype=np.int64)
-    st, sts, sen, sid = (slice_track.tolist(), slice_ts.tolist(), slice_end.tolist(),
-                         slice_eid.tolist())
-    ft, fts, fnx = flow_track.tolist(), flow_ts.tolist(), flow_next.tolist()
-    n = len(sts)
-    i = 0
-    st_start: list[int] = []
-    st_end: list[int] = []
-    st_id: list[int] = []
-    cur = None
-    for j in range(len(fts)):
-        if ft[j] != cur:
-            cur = ft[j]
-            st_start.clear()
-            st_end.clear()
-            st_id.clear()
-            while i < n and st[i] < cur:
-                i += 1
-        t = fts[j]
-        while i < n and st[i] == cur and sts[i] <= t:
-            while st_end and _closed(st_start[-1], st_end[-1], sts[i]):
-                st_start.pop()
-                st_end.pop()
-                st_id.pop()
-            st_start.append(sts[i])
-            st_end.append(sen[i])
-            st_id.append(sid[i])
-            i += 1
-        if fnx[j]:
-            # the first slice to begin at or after t: one already pushed at exactly t
-            # (the outermost of those), else the next one on the track
-            found = -1
-            for m in range(len(st_start) - 1, -1, -1):
-                if st_start[m] != t:
-                    break
-                found = st_id[m]
-            if found < 0 and i < n and st[i] == cur:
-                found = sid[i]
-            out[j] = found
-            continue
-        while st_end and _closed(st_start[-1], st_end[-1], t):
-            st_start.pop()
-            st_end.pop()
-            st_id.pop()
-        if st_end:
-            out[j] = st_id[-1]
-    return out
+
+def _flows(batches: Iterator[Batch]) -> Iterator[tuple[int, int, int, bool]]:
+    for b in batches:
+        yield from zip(b["track_id"].tolist(), b["ts_ns"].tolist(), b["eid"].tolist(),
+                       np.asarray(b["nxt"], dtype=bool).tolist(), strict=True)
+
+
+def nest_and_bind(
+    slice_batches: Iterator[Batch],
+    flow_batches: Iterator[Batch],
+    depth: np.ndarray,
+    parent: np.ndarray,
+    overlap: np.ndarray,
+) -> tuple[list[int], list[int]]:
+    """Fill depth/parent/overlap (indexed by eid) from slices sorted by (track, ts, -dur, eid);
+    bind flows sorted by (track, ts, eid). Returns (flow eids, bound slice eid or -1)."""
+    stack = _Stack()
+    flow_eids: list[int] = []
+    bound: list[int] = []
+    flows = _flows(flow_batches)
+    nxt_flow = next(flows, None)
+
+    def bind(flow: tuple[int, int, int, bool], upcoming: tuple | None) -> None:
+        f_track, t, f_eid, to_next = flow
+        found = -1
+        if stack.track == f_track:
+            if to_next:
+                # the first slice to begin at or after t: one already open that began at t
+                # (the outermost such), else the upcoming one
+                for m in range(len(stack.start) - 1, -1, -1):
+                    if stack.start[m] != t:
+                        break
+                    found = stack.eid[m]
+            else:
+                stack.close_before(t)
+                if stack.end:
+                    found = stack.eid[-1]
+        if found < 0 and to_next and upcoming is not None and upcoming[0] == f_track:
+            found = upcoming[3]
+        flow_eids.append(f_eid)
+        bound.append(found)
+
+    for sl in _slices(slice_batches):
+        track, s, d, eid = sl
+        # flows that come before this slice in (track, ts) order bind now
+        while nxt_flow is not None and (nxt_flow[0] < track or
+                                        (nxt_flow[0] == track and nxt_flow[1] < s)):
+            bind(nxt_flow, sl)
+            nxt_flow = next(flows, None)
+        if track != stack.track:
+            stack.reset(track)
+        stack.close_before(s)
+        e = s + d
+        if stack.end:
+            parent[eid] = stack.eid[-1]
+            overlap[eid] = e > stack.end[-1]
+        depth[eid] = len(stack.end)
+        stack.start.append(s)
+        stack.end.append(e)
+        stack.eid.append(eid)
+    while nxt_flow is not None:
+        bind(nxt_flow, None)
+        nxt_flow = next(flows, None)
+    return flow_eids, bound

@@ -326,3 +326,15 @@ def test_small_pieces_and_workers_give_identical_tables(tmp_path: Path) -> None:
         stores.append(_tables(store))
     assert stores[0] == stores[1] == stores[2]
     assert len(stores[0]["events"]) == 300 and len(stores[0]["flows"]) == 300
+
+
+def test_two_inputs_claiming_one_rank_in_one_call(tmp_path: Path) -> None:
+    a = write(tmp_path / "a.json", kineto_text([x("a", 1, 1)], rank=3))
+    b = write(tmp_path / "b.json", kineto_text([x("b", 1, 1)], rank=3))
+    code, out, err = run("ingest", a, b, "--store", tmp_path / "s", "--job", "j", "--json",
+                         "--workers", "2")
+    assert code == 1
+    rows = [json.loads(line) for line in out.splitlines()]
+    assert [r["status"] for r in rows] == ["ingested", "error"]
+    assert "rank 3 is also claimed by a.json" in rows[1]["message"]
+    assert con(tmp_path / "s").execute("SELECT name FROM events").fetchall() == [("a",)]

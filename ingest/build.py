@@ -1,0 +1,298 @@
+"""Build one trace file's partition (every table) in a work directory.
+
+Runs in the main process for large files (decoding their pieces on the worker pool) or as a
+whole in a worker process for small ones. It reads, decodes, joins pieces, resolves the rank,
+runs the derivation stage and checks conservation; committing into the store is the caller's.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import time
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pyarrow as pa
+
+from tracetool import __version__
+from tracetool.schema import TRACE_FILES
+
+from . import derive as derive_mod
+from .decode import Issue, PieceResult, issues_table
+from .metadata import base_time_ns, distributed_rank, parse_members, rank_from_file_name
+from .options import ET_NAME, FileResult, Options
+from .source import Piece, SourceInfo, TraceFileError, pieces
+from .store import StoredFile
+from .workers import Workers, decode_all
+
+
+class FileFailed(Exception):
+    """The file cannot be ingested; the message is one line naming the problem."""
+
+
+def sha256_of(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(8 << 20):
+            h.update(block)
+    return h.hexdigest()
+
+
+def build_file(
+    path: Path,
+    opts: Options,
+    workdir: Path,
+    stored: list[StoredFile],
+    workers: Workers | None = None,
+    progress: Callable[[int], None] | None = None,
+) -> FileResult:
+    """Build ``path``'s partition under ``workdir/built``; status 'built', 'skipped' or
+    'error'. ``stored`` (what the store holds) makes re-ingesting identical bytes a no-op."""
+    t0 = time.perf_counter()
+    res = FileResult(str(path), "error", job=opts.job, store=str(opts.store))
+    if ET_NAME.search(path.name):
+        res.status = "skipped"
+        res.message = "PyTorch execution trace (_et.json), not a Kineto trace; skipped"
+        return res
+    try:
+        size = path.stat().st_size
+    except FileNotFoundError:
+        res.message = "no such file"
+        return res
+    except OSError as err:
+        res.message = f"cannot read: {err.strerror or err}"
+        return res
+    if path.is_dir():
+        res.message = "is a directory"
+        return res
+    # identical bytes already stored: a no-op (hash only when a same-size file is stored)
+    if not opts.force and any(s.bytes == size for s in stored):
+        digest = sha256_of(path)
+        same = [s for s in stored if s.sha256 == digest]
+        if same:
+            res.status, res.job, res.rank = "skipped", same[0].job, same[0].rank
+            res.message = (f"already ingested as job {same[0].job} rank {same[0].rank} "
+                           "(same sha256); use --force to re-ingest")
+            return res
+    own = workers is None
+    workers = workers or Workers(1)
+    try:
+        _build(path, opts, workers, opts.rank, workdir, res, progress)
+    except (TraceFileError, FileFailed) as err:
+        res.status, res.message = "error", str(err)
+    finally:
+        if own:
+            workers.close()
+    res.seconds = time.perf_counter() - t0
+    return res
+
+
+def _build(
+    path: Path, opts: Options, workers: Workers, rank_option: int | None, work: Path,
+    res: FileResult, progress: Callable[[int], None] | None,
+) -> None:
+    stage = work / "stage"
+    built = work / "built"
+    stage.mkdir()
+    built.mkdir()
+    info = SourceInfo(path=path)
+
+    def reported(it: Iterator[Piece]) -> Iterator[Piece]:
+        for p in it:
+            if progress:
+                progress(info.bytes_on_disk)
+            yield p
+
+    results = decode_all(workers, reported(pieces(info, opts.piece_bytes)), stage)
+    if progress:
+        progress(info.bytes_on_disk)
+
+    offsets: dict[int, int] = {}
+    issues: list[Issue] = []
+    issue_eids: list[int | None] = []
+    total = 0
+    quarantined = 0
+    trailer: bytes | None = None
+    closed = False
+    truncated_tail = b""
+    for part, pr, is_last in results:
+        offsets[part] = total
+        _collect(pr, total, issues, issue_eids)
+        total += pr.n_read
+        quarantined += pr.n_quarantined
+        if is_last:
+            trailer, closed = pr.trailer, pr.array_closed
+            truncated_tail = pr.tail_fragment
+    salvaged = not closed or info.gzip_truncated
+    if truncated_tail:
+        issues.append(Issue(None, None, "truncated",
+                            "file ends inside this event (writer crashed?); event not stored",
+                            True, truncated_tail[:200].decode("utf-8", "replace")))
+        issue_eids.append(total)
+        total += 1
+        quarantined += 1
+    res.json_bytes = info.json_bytes
+    res.salvaged = salvaged
+    if total == 0:
+        raise FileFailed("no events: traceEvents is empty")
+    if salvaged:
+        why = "gzip stream ends early" if info.gzip_truncated else "no closing ] for traceEvents"
+        msg = f"truncated ({why}): kept the {total - quarantined} complete events before the cut"
+        if opts.strict:
+            raise FileFailed(msg + "; --strict makes this an error")
+        res.warnings.append(msg)
+
+    # top-level keys from before and after the event array
+    head = parse_members(info.preamble, "top-level keys before traceEvents")
+    tail = parse_members(trailer or b"", "top-level keys after traceEvents", closes_object=True)
+    keys = {**head.keys, **tail.keys}
+    for prob in head.problems + tail.problems:
+        issues.append(Issue(None, None, "bad_top_level", prob, False))
+        issue_eids.append(None)
+
+    # rank: distributedInfo, then --rank, then the file name; --rank wins when given
+    rank, source = None, None
+    if rank_option is not None:
+        rank, source = rank_option, "option"
+    elif (r := distributed_rank(keys)) is not None:
+        rank, source = r, "distributedInfo"
+    elif (r := rank_from_file_name(path)) is not None:
+        rank, source = r, "file_name"
+    if rank is None:
+        raise FileFailed("no rank: the trace has no distributedInfo.rank and the file name "
+                         "has no rank/worker number; pass --rank N")
+    res.rank = rank
+
+    base = base_time_ns(keys)
+    di = keys.get("distributedInfo") if isinstance(keys.get("distributedInfo"), dict) else None
+    pg_ranks = _pg_ranks(di)
+    con = derive_mod.connect(work, workers.workers, opts.memory_limit)
+    try:
+        d = derive_mod.derive(con, stage, built, offsets, total, base, pg_ranks, workers.run)
+    finally:
+        con.close()
+    for eid, off, issue, detail, q, snip in d.issues:
+        issues.append(Issue(None, off, issue, detail, q, snip))
+        issue_eids.append(eid)  # absolute eid already
+        if q:
+            quarantined += 1
+    stored_n = d.events_stored
+    if stored_n + quarantined != total:
+        raise FileFailed(f"internal error: conservation failed (read {total}, stored "
+                         f"{stored_n}, quarantined {quarantined}); please report")
+    it = issues_table(issues)
+    it = it.drop_columns(["ord"]).add_column(0, "eid", pa.array(issue_eids, pa.int64()))
+    derive_mod.write_arrow(it, built, "ingest_issues")
+
+    stats = [pr for _, pr, _ in results]
+    res.events_read, res.events_stored, res.events_quarantined = total, stored_n, quarantined
+    row = {
+        "path": str(path.resolve()), "file_name": path.name, "sha256": info.sha256,
+        "bytes": info.bytes_on_disk, "json_bytes": info.json_bytes,
+        "compression": info.compression, "container": info.container,
+        "ts_convention": _ts_convention(stats, base),
+        "base_time_ns": base,
+        "schema_version": None if keys.get("schemaVersion") is None
+        else str(keys.get("schemaVersion")),
+        "device_names": [str(dp.get("name", "")) for dp in keys.get("deviceProperties", [])
+                         if isinstance(dp, dict)]
+        if isinstance(keys.get("deviceProperties"), list) else [],
+        "device_properties": json.dumps(keys.get("deviceProperties"))
+        if "deviceProperties" in keys else None,
+        "distributed_info": json.dumps(di) if di is not None else None,
+        "world_size": _small_int(di.get("world_size")) if di else None,
+        "backend": str(di.get("backend")) if di and di.get("backend") is not None else None,
+        "rank_source": source,
+        "metadata": json.dumps({k: v for k, v in keys.items()
+                                if k not in ("deviceProperties", "distributedInfo")}),
+        "events_read": total, "events_stored": stored_n, "events_quarantined": quarantined,
+        "salvaged": salvaged, "ingested_at": datetime.now(UTC),
+        "tracetool_version": __version__,
+    }
+    tf = pa.table({c.name: pa.array([row[c.name]], type=c.type) for c in TRACE_FILES.columns})
+    derive_mod.write_arrow(tf, built, "trace_files")
+    res.sha256 = info.sha256
+    res.built = str(built)
+    res.status = "built"
+    res.message = f"{total} events read, {stored_n} stored, {quarantined} quarantined"
+
+
+def _collect(pr: PieceResult, base: int, issues: list[Issue], offs: list[int | None]) -> None:
+    for iss in pr.issues:
+        issues.append(iss)
+        offs.append(None if iss.ordinal is None else base + iss.ordinal)
+
+
+def _small_int(v: object) -> int | None:
+    if isinstance(v, int) and not isinstance(v, bool) and -(2**31) <= v < 2**31:
+        return v
+    return None
+
+
+def _pg_ranks(di: dict | None) -> dict[str, list[int]]:
+    out: dict[str, list[int]] = {}
+    if not di:
+        return out
+    for pg in di.get("pg_config") or []:
+        if not isinstance(pg, dict):
+            continue
+        ranks = pg.get("ranks")
+        if isinstance(ranks, str):
+            ranks = [int(x) for x in re.findall(r"-?\d+", ranks)]
+        if isinstance(ranks, list) and pg.get("pg_name") is not None:
+            out[str(pg["pg_name"])] = [int(x) for x in ranks if isinstance(x, int)]
+    return out
+
+
+def _ts_convention(stats: list[PieceResult], base: int) -> str:
+    if not stats or max((s.max_abs_ts_us for s in stats), default=0.0) == 0.0:
+        return "none"
+    if base:
+        return "rel_base"
+    frac = any(s.has_fraction for s in stats)
+    epoch = max(s.max_abs_ts_us for s in stats) >= 1e14
+    if epoch:
+        return "abs_us_frac" if frac else "abs_us_int"
+    return "rel_unknown_base"
+
+
+def _collect(pr: PieceResult, base: int, issues: list[Issue], offs: list[int | None]) -> None:
+    for iss in pr.issues:
+        issues.append(iss)
+        offs.append(None if iss.ordinal is None else base + iss.ordinal)
+
+
+def _small_int(v: object) -> int | None:
+    if isinstance(v, int) and not isinstance(v, bool) and -(2**31) <= v < 2**31:
+        return v
+    return None
+
+
+def _pg_ranks(di: dict | None) -> dict[str, list[int]]:
+    out: dict[str, list[int]] = {}
+    if not di:
+        return out
+    for pg in di.get("pg_config") or []:
+        if not isinstance(pg, dict):
+            continue
+        ranks = pg.get("ranks")
+        if isinstance(ranks, str):
+            ranks = [int(x) for x in re.findall(r"-?\d+", ranks)]
+        if isinstance(ranks, list) and pg.get("pg_name") is not None:
+            out[str(pg["pg_name"])] = [int(x) for x in ranks if isinstance(x, int)]
+    return out
+
+
+def _ts_convention(stats: list[PieceResult], base: int) -> str:
+    if not stats or max((s.max_abs_ts_us for s in stats), default=0.0) == 0.0:
+        return "none"
+    if base:
+        return "rel_base"
+    frac = any(s.has_fraction for s in stats)
+    epoch = max(s.max_abs_ts_us for s in stats) >= 1e14
+    if epoch:
+        return "abs_us_frac" if frac else "abs_us_int"
+    return "rel_unknown_base"

@@ -1,0 +1,55 @@
+"""What an ingest is asked to do, and what it reports per file."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+TRACE_SUFFIXES = (".json", ".json.gz")
+ET_NAME = re.compile(r"_et\.json(\.gz)?$")
+
+
+class UsageProblem(ValueError):
+    """Options that cannot work together (reported as a usage error by the CLI)."""
+
+
+@dataclass
+class Options:
+    store: Path
+    job: str | None = None
+    rank: int | None = None
+    force: bool = False
+    strict: bool = False
+    workers: int = 0
+    piece_bytes: int = 32 << 20
+    memory_limit: str = "512MB"
+
+
+@dataclass
+class FileResult:
+    path: str
+    status: str  # ingested | skipped | error
+    message: str = ""
+    job: str | None = None
+    rank: int | None = None
+    events_read: int = 0
+    events_stored: int = 0
+    events_quarantined: int = 0
+    salvaged: bool = False
+    json_bytes: int = 0
+    seconds: float = 0.0
+    warnings: list[str] = field(default_factory=list)
+    store: str = ""
+    sha256: str = ""
+    built: str = ""  # work directory of the built partition, until committed
+
+    def as_json(self) -> dict:
+        return {
+            "path": self.path, "status": self.status, "message": self.message,
+            "job": self.job, "rank": self.rank, "store": self.store,
+            "events_read": self.events_read, "events_stored": self.events_stored,
+            "events_quarantined": self.events_quarantined, "salvaged": self.salvaged,
+            "json_bytes": self.json_bytes, "seconds": round(self.seconds, 3),
+            "warnings": self.warnings,
+        }

@@ -1,0 +1,132 @@
+"""Where decoding runs: inline, or on a pool of forked worker processes.
+
+Pieces of one file are decoded in file order with a bounded number in flight; a piece whose
+cut fell inside an event is joined with the next piece and decoded again.
+"""
+
+from __future__ import annotations
+
+import gc
+import multiprocessing as mp
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future, ProcessPoolExecutor
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from .decode import PieceResult, decode_piece
+from .source import Piece
+
+
+def decode_to_parts(piece: Piece, stage: str, part: int) -> PieceResult:
+    """Worker entry point: decode one piece and write its tables as Parquet parts."""
+    gc_was = gc.isenabled()
+    gc.disable()
+    try:
+        res = decode_piece(piece.load(), piece.offset, piece.is_first, piece.is_last,
+                           piece.join_edges)
+    finally:
+        if gc_was:
+            gc.enable()
+    for name, table in res.tables.items():
+        if res.cut_inside_event:
+            break
+        d = Path(stage) / name
+        d.mkdir(parents=True, exist_ok=True)
+        table = table.append_column("piece", pa.array([part] * table.num_rows, pa.int32()))
+        pq.write_table(table, d / f"{part:08d}.parquet", compression="lz4")
+    res.tables = {}
+    return res
+
+
+class Workers:
+    """Runs decoding (and other per-piece or per-file work) inline or on a process pool,
+    created on first need."""
+
+    def __init__(self, workers: int) -> None:
+        self.workers = workers
+        self._pool: ProcessPoolExecutor | None = None
+
+    def pool(self) -> ProcessPoolExecutor:
+        """Forked workers (cheap to start, no re-import of __main__), all started at once
+        by the first submit; ``ingest`` starts them before any DuckDB thread exists."""
+        if self._pool is None:
+            self._pool = ProcessPoolExecutor(self.workers, mp_context=mp.get_context("fork"))
+            self._pool.submit(int).result()
+        return self._pool
+
+    def map(self, items: Iterator[Piece], stage: Path) -> Iterator[tuple[Piece, PieceResult]]:
+        """Decode pieces in order, at most 2 x workers in flight (bounded memory)."""
+        first = next(items, None)
+        if first is None:
+            return
+        if self.workers <= 1 or first.is_last:
+            yield first, decode_to_parts(first, str(stage), first.seq)
+            for p in items:
+                yield p, decode_to_parts(p, str(stage), p.seq)
+            return
+        pool = self.pool()
+        window: deque[tuple[Piece, Future]] = deque()
+
+        def submit(p: Piece) -> None:
+            window.append((p, pool.submit(decode_to_parts, p, str(stage), p.seq)))
+
+        submit(first)
+        for p in items:
+            # release the piece text once submitted; keep only its position
+            submit(p)
+            while len(window) >= 2 * self.workers:
+                q, fut = window.popleft()
+                yield q, fut.result()
+        while window:
+            q, fut = window.popleft()
+            yield q, fut.result()
+
+    def run(self, fn: Callable, items: Iterable) -> list:
+        """fn over items, on the pool when there is one and more than one item."""
+        items = list(items)
+        if self.workers <= 1 or len(items) <= 1:
+            return [fn(x) for x in items]
+        return list(self.pool().map(fn, items))
+
+    def submit(self, fn: Callable, *args: object) -> Future:
+        return self.pool().submit(fn, *args)
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(cancel_futures=True)
+            self._pool = None
+
+
+def remove_parts(stage: Path, part: int) -> None:
+    for f in stage.glob(f"*/{part:08d}.parquet"):
+        f.unlink()
+
+
+def decode_all(workers: Workers, items: Iterator[Piece], stage: Path
+                ) -> list[tuple[int, PieceResult, bool]]:
+    """Decode every piece; a piece whose cut fell inside an event is joined with the next
+    one and decoded again (rare: only events larger than a piece, or a cut at a "}, {"
+    inside nested args). Returns (part number, result, is last) in file order."""
+    out: list[tuple[int, PieceResult, bool]] = []
+    carry: Piece | None = None
+    for piece, pr in workers.map(items, stage):
+        if carry is not None:
+            remove_parts(stage, piece.seq)
+            piece = Piece(carry.seq, carry.load() + piece.gap + piece.load(), carry.offset,
+                          carry.is_first, piece.is_last, gap=carry.gap)
+            pr = decode_to_parts(piece, str(stage), piece.seq)
+            carry = None
+        if pr.cut_inside_event:
+            if not piece.is_last:
+                carry = Piece(piece.seq, piece.load(), piece.offset, piece.is_first, False,
+                              gap=piece.gap)
+                continue
+            # nothing to join with: decode it alone, its broken edges quarantined
+            piece = Piece(piece.seq, piece.load(), piece.offset, piece.is_first,
+                          piece.is_last, join_edges=False)
+            pr = decode_to_parts(piece, str(stage), piece.seq)
+        out.append((piece.seq, pr, piece.is_last))
+    return out
