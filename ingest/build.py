@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 
+import duckdb
 import pyarrow as pa
 
 from tracetool import __version__
@@ -83,6 +84,9 @@ def build_file(
         _build(path, opts, workers, opts.rank, workdir, res, progress)
     except (TraceFileError, FileFailed) as err:
         res.status, res.message = "error", str(err)
+    except duckdb.Error as err:  # e.g. out of memory or disk in the derivation stage
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        res.status, res.message = "error", f"derivation stage failed: {first}"
     finally:
         if own:
             workers.close()

@@ -22,8 +22,8 @@ class Options:
     force: bool = False
     strict: bool = False
     workers: int = 0
-    piece_bytes: int = 32 << 20
-    memory_limit: str = "512MB"
+    piece_bytes: int = 16 << 20  # decoded per worker task; bounds worker memory
+    memory_limit: str = "384MB"  # DuckDB's buffer pool for the derivation stage (it spills)
 
 
 @dataclass

@@ -19,6 +19,7 @@ from isal import isal_zlib
 from .decode import BOUNDARY
 
 READ_BLOCK = 8 << 20
+GZIP_READ_BLOCK = 1 << 20  # inflates to ~10-20 MB of text per step
 PREAMBLE_LIMIT = 256 << 20
 GZIP_MAGIC = b"\x1f\x8b"
 TRACE_EVENTS_KEY = re.compile(rb'"traceEvents"\s*:\s*\[')
@@ -63,7 +64,7 @@ class SourceInfo:
     hasher: hashlib._Hash = field(default_factory=hashlib.sha256, repr=False)
 
 
-def _raw_blocks(info: SourceInfo) -> Iterator[bytes]:
+def _raw_blocks(info: SourceInfo, block_size: int = READ_BLOCK) -> Iterator[bytes]:
     try:
         f = open(info.path, "rb")  # noqa: SIM115
     except IsADirectoryError:
@@ -77,7 +78,7 @@ def _raw_blocks(info: SourceInfo) -> Iterator[bytes]:
     with f:
         while True:
             try:
-                block = f.read(READ_BLOCK)
+                block = f.read(block_size)
             except OSError as err:
                 raise TraceFileError(f"read error: {err.strerror or err}") from None
             if not block:
@@ -87,8 +88,16 @@ def _raw_blocks(info: SourceInfo) -> Iterator[bytes]:
             yield block
 
 
+def _is_gzip(path: Path) -> bool:
+    try:
+        with open(path, "rb") as f:
+            return f.read(2) == GZIP_MAGIC
+    except OSError:
+        return False  # reported by _raw_blocks
+
+
 def _text_blocks(info: SourceInfo) -> Iterator[bytes]:
-    raw = _raw_blocks(info)
+    raw = _raw_blocks(info, GZIP_READ_BLOCK if _is_gzip(info.path) else READ_BLOCK)
     first = next(raw, b"")
     if not first:
         raise TraceFileError("empty file")
@@ -178,8 +187,12 @@ def _text_pieces(blocks: Iterator[bytes], buf: bytes, offset: int, piece_bytes: 
     gap = b""
     while True:
         m = None
+        more = [buf]
+        size = len(buf)
         while not eof:
-            if len(buf) > piece_bytes:
+            if size > piece_bytes:
+                buf = b"".join(more)
+                more = [buf]
                 m = BOUNDARY.search(buf, piece_bytes)
                 if m:
                     break
@@ -187,7 +200,9 @@ def _text_pieces(blocks: Iterator[bytes], buf: bytes, offset: int, piece_bytes: 
             if block is None:
                 eof = True
             else:
-                buf += block
+                more.append(block)
+                size += len(block)
+        buf = b"".join(more) if len(more) > 1 else more[0]
         if m is None:
             yield Piece(seq, buf, offset, seq == 0, True, gap=gap)
             return

@@ -58,7 +58,7 @@ class Workers:
         return self._pool
 
     def map(self, items: Iterator[Piece], stage: Path) -> Iterator[tuple[Piece, PieceResult]]:
-        """Decode pieces in order, at most 2 x workers in flight (bounded memory)."""
+        """Decode pieces in order, at most workers + 1 in flight (bounded memory)."""
         first = next(items, None)
         if first is None:
             return
@@ -77,7 +77,7 @@ class Workers:
         for p in items:
             # release the piece text once submitted; keep only its position
             submit(p)
-            while len(window) >= 2 * self.workers:
+            while len(window) > self.workers:
                 q, fut = window.popleft()
                 yield q, fut.result()
         while window:
