@@ -146,6 +146,7 @@ def derive(
 
     derived = work / "derived"
     _nesting_and_flows(con, derived, out, total)
+    con.execute("DROP TABLE ev")  # free DuckDB's memory for the queries that follow
     fixes = [(e, -1 if d is None else d) for e, d, drop in be_fix if not drop]
     fixes.sort()
     save_dense(derived,
@@ -340,46 +341,58 @@ def _cpu_steps(con: duckdb.DuckDBPyConnection, out: Path) -> None:
 
 
 def derive_gpu_ops(con: duckdb.DuckDBPyConnection, out: Path) -> None:
+    """GPU ops with their launch (same correlation) and issuing CPU op: the launch's parent
+    when that is a cpu_op, else the cpu_op with the same External id. Each join's build side
+    is cut down to the rows the GPU ops need, so this stays within DuckDB's memory limit."""
     ev = events_glob(out)
     launch = ", ".join(f"'{k}'" for k in LAUNCH_KINDS)
     _cpu_steps(con, out)
-    copy_table(con, f"""
-        WITH g AS (SELECT eid, kind, name, device, pid, stream, tid, ts_ns, dur_ns, end_ns,
-                          correlation, external_id, args
-                   FROM {ev} WHERE kind IN ('kernel', 'memcpy', 'memset')),
-        l AS (SELECT correlation, arg_min(eid, ts_ns) AS eid, arg_min(name, ts_ns) AS name,
-                     min(ts_ns) AS ts_ns, arg_min(tid, ts_ns) AS tid,
-                     arg_min(parent_eid, ts_ns) AS parent_eid
-              FROM {ev} WHERE kind IN ({launch}) AND correlation IS NOT NULL
-              GROUP BY correlation),
-        ops AS (SELECT eid, name, external_id FROM {ev} WHERE kind = 'cpu_op'),
-        op_by_ext AS (SELECT external_id, min(eid) AS eid FROM ops
-                      WHERE external_id IS NOT NULL GROUP BY external_id),
-        j AS (
-            SELECT g.*, l.eid AS launch_eid, l.name AS launch_name, l.ts_ns AS launch_ts_ns,
-                   l.tid AS launch_tid, coalesce(p.eid, x.eid) AS op_eid,
-                   coalesce(l.ts_ns, g.ts_ns) AS anchor_ns
-            FROM g LEFT JOIN l ON l.correlation = g.correlation
-            LEFT JOIN ops p ON p.eid = l.parent_eid
-            LEFT JOIN op_by_ext x ON x.external_id = g.external_id)
-        SELECT j.eid, j.kind, j.name, coalesce(j.device, j.pid)::INTEGER AS device,
-               coalesce(j.stream, j.tid) AS stream, j.ts_ns, j.dur_ns, j.end_ns,
-               j.correlation, j.external_id,
-               TRY_CAST(j.args->>'$.grid[0]' AS BIGINT) AS grid_x,
-               TRY_CAST(j.args->>'$.grid[1]' AS BIGINT) AS grid_y,
-               TRY_CAST(j.args->>'$.grid[2]' AS BIGINT) AS grid_z,
-               TRY_CAST(j.args->>'$.block[0]' AS BIGINT) AS block_x,
-               TRY_CAST(j.args->>'$.block[1]' AS BIGINT) AS block_y,
-               TRY_CAST(j.args->>'$.block[2]' AS BIGINT) AS block_z,
-               TRY_CAST(j.args->>'$."registers per thread"' AS BIGINT) AS registers_per_thread,
-               TRY_CAST(j.args->>'$."shared memory"' AS BIGINT) AS shared_memory,
-               TRY_CAST(coalesce(j.args->>'$.bytes', j.args->>'$.size') AS BIGINT) AS bytes,
-               (j.kind = 'kernel' AND {COMM_KERNEL.replace('g.', 'j.')}) AS is_comm,
-               j.launch_eid, j.launch_name, j.launch_ts_ns, j.launch_tid, j.op_eid,
-               o.name AS op_name,
-               CASE WHEN j.anchor_ns < s.cpu_end_ns THEN s.step END AS step
-        FROM j LEFT JOIN ops o ON o.eid = j.op_eid
-        ASOF LEFT JOIN cpu_steps s ON j.anchor_ns >= s.start_ns""", out, "gpu_ops")
+    con.execute(f"""
+        CREATE OR REPLACE TABLE g AS
+        SELECT eid, kind, name, coalesce(device, pid)::INTEGER AS device,
+               coalesce(stream, tid) AS stream, ts_ns, dur_ns, end_ns, correlation, external_id,
+               TRY_CAST(args->>'$.grid[0]' AS BIGINT) AS grid_x,
+               TRY_CAST(args->>'$.grid[1]' AS BIGINT) AS grid_y,
+               TRY_CAST(args->>'$.grid[2]' AS BIGINT) AS grid_z,
+               TRY_CAST(args->>'$.block[0]' AS BIGINT) AS block_x,
+               TRY_CAST(args->>'$.block[1]' AS BIGINT) AS block_y,
+               TRY_CAST(args->>'$.block[2]' AS BIGINT) AS block_z,
+               TRY_CAST(args->>'$."registers per thread"' AS BIGINT) AS registers_per_thread,
+               TRY_CAST(args->>'$."shared memory"' AS BIGINT) AS shared_memory,
+               TRY_CAST(coalesce(args->>'$.bytes', args->>'$.size') AS BIGINT) AS bytes,
+               (kind = 'kernel' AND {COMM_KERNEL.replace('g.', '')}) AS is_comm
+        FROM {ev} WHERE kind IN ('kernel', 'memcpy', 'memset')""")
+    con.execute(f"""
+        CREATE OR REPLACE TABLE l AS
+        SELECT correlation,
+               arg_min({{'eid': eid, 'name': name, 'ts_ns': ts_ns, 'tid': tid,
+                        'parent_eid': parent_eid}}, ts_ns) AS x
+        FROM {ev}
+        WHERE kind IN ({launch}) AND correlation IN (SELECT correlation FROM g)
+        GROUP BY correlation""")
+    con.execute("""
+        CREATE OR REPLACE TABLE j AS
+        SELECT g.*, l.x.eid AS launch_eid, l.x.name AS launch_name, l.x.ts_ns AS launch_ts_ns,
+               l.x.tid AS launch_tid, l.x.parent_eid AS launch_parent,
+               coalesce(l.x.ts_ns, g.ts_ns) AS anchor_ns
+        FROM g LEFT JOIN l USING (correlation)""")
+    con.execute("DROP TABLE g; DROP TABLE l")
+    con.execute(f"""
+        CREATE OR REPLACE TABLE ops AS
+        SELECT eid, name, external_id FROM {ev}
+        WHERE kind = 'cpu_op' AND (eid IN (SELECT launch_parent FROM j)
+                                   OR external_id IN (SELECT external_id FROM j))""")
+    copy_table(con, """
+        WITH ext AS (SELECT external_id, min(eid) AS eid FROM ops
+                     WHERE external_id IS NOT NULL GROUP BY external_id),
+        jo AS (SELECT j.*, coalesce(p.eid, x.eid) AS op_eid FROM j
+               LEFT JOIN ops p ON p.eid = j.launch_parent
+               LEFT JOIN ext x ON x.external_id = j.external_id)
+        SELECT jo.*, o.name AS op_name,
+               CASE WHEN jo.anchor_ns < s.cpu_end_ns THEN s.step END AS step
+        FROM jo LEFT JOIN ops o ON o.eid = jo.op_eid
+        ASOF LEFT JOIN cpu_steps s ON jo.anchor_ns >= s.start_ns""", out, "gpu_ops")
+    con.execute("DROP TABLE j; DROP TABLE ops")
 
 
 def derive_steps(con: duckdb.DuckDBPyConnection, out: Path) -> None:
