@@ -236,9 +236,9 @@ def _nesting_and_flows(con: duckdb.DuckDBPyConnection, derived: Path, out: Path,
     for arr in (depth, parent, overlap, track):
         arr.flush()
     del depth, parent, overlap, track
-    b_arr = np.array(bound, dtype=np.int64)
+    b_arr = np.frombuffer(bound, dtype=np.int64)
     con.register("bound_arrow", pa.table({
-        "eid": pa.array(flow_eids, type=pa.int64()),
+        "eid": pa.array(np.frombuffer(flow_eids, dtype=np.int64)),
         "bound_eid": pa.array(b_arr, mask=b_arr < 0),
     }))
     copy_table(con, """SELECT f.*, t.track_id, b.bound_eid FROM fl_raw f

@@ -16,6 +16,7 @@ the trace: results go straight into (memory-mapped) arrays indexed by eid.
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Iterator
 
 import numpy as np
@@ -65,12 +66,12 @@ def nest_and_bind(
     depth: np.ndarray,
     parent: np.ndarray,
     overlap: np.ndarray,
-) -> tuple[list[int], list[int]]:
+) -> tuple[array, array]:
     """Fill depth/parent/overlap (indexed by eid) from slices sorted by (track, ts, -dur, eid);
     bind flows sorted by (track, ts, eid). Returns (flow eids, bound slice eid or -1)."""
     stack = _Stack()
-    flow_eids: list[int] = []
-    bound: list[int] = []
+    flow_eids = array("q")  # compact: a trace can have millions of flows
+    bound = array("q")
     flows = _flows(flow_batches)
     nxt_flow = next(flows, None)
 

@@ -23,7 +23,7 @@ class Options:
     strict: bool = False
     workers: int = 0
     piece_bytes: int = 16 << 20  # decoded per worker task; bounds worker memory
-    memory_limit: str = "384MB"  # DuckDB's buffer pool for the derivation stage (it spills)
+    memory_limit: str = "256MB"  # DuckDB's buffer pool for the derivation stage (it spills)
 
 
 @dataclass

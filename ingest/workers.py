@@ -6,6 +6,7 @@ cut fell inside an event is joined with the next piece and decoded again.
 
 from __future__ import annotations
 
+import ctypes
 import gc
 import multiprocessing as mp
 from collections import deque
@@ -38,7 +39,22 @@ def decode_to_parts(piece: Piece, stage: str, part: int) -> PieceResult:
         table = table.append_column("piece", pa.array([part] * table.num_rows, pa.int32()))
         pq.write_table(table, d / f"{part:08d}.parquet", compression="lz4")
     res.tables = {}
+    release_memory()
     return res
+
+
+def release_memory() -> None:
+    """Hand freed memory back to the OS between pieces (Arrow's pool and glibc keep it
+    otherwise), so an idle worker does not sit on a piece's worth of RSS."""
+    pa.default_memory_pool().release_unused()
+    if _LIBC is not None:
+        _LIBC.malloc_trim(0)
+
+
+try:
+    _LIBC: ctypes.CDLL | None = ctypes.CDLL("libc.so.6")
+except OSError:  # not glibc
+    _LIBC = None
 
 
 class Workers:
