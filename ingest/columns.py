@@ -18,9 +18,9 @@ from .convert import (
     EXACT_FLOAT_US,
     id_to_int64,
     int64_column,
+    int_column,
     raw_text_column,
     text_us_to_ns,
-    to_int,
     us_column_to_ns,
 )
 from .events import ArgKeys, Event, EventArgKeys, TextTimeEvent
@@ -107,12 +107,10 @@ def _args_keys_one(raw: msgspec.Raw) -> ArgKeys:
     return ArgKeys(**vals)
 
 
-def _times(vals: tuple, texts: list | None) -> tuple[np.ndarray, np.ndarray]:
-    if texts is not None:
-        ns = np.array([text_us_to_ns(t) if t else 0 for t in texts], dtype=np.int64)
-        ok = np.array([t is not None and text_us_to_ns(t) is not None for t in texts], bool)
-        return ns, ok
-    return us_column_to_ns(list(vals))
+def _times(texts: list) -> tuple[np.ndarray, np.ndarray]:
+    vals = [text_us_to_ns(t) if t else None for t in texts]
+    ns = np.array([0 if v is None else v for v in vals], dtype=np.int64)
+    return ns, np.array([v is not None for v in vals], dtype=bool)
 
 
 def _kind_column(cat: pa.Array) -> pa.Array:
@@ -141,19 +139,26 @@ def build_tables(
     ords = (np.arange(n, dtype=np.int64) if ordinals is None
             else np.array(ordinals, dtype=np.int64))
     ph, cat, name, pid, tid, ts_v, dur_v, raws = zip(*map(_EVENT_FIELDS, events), strict=True)
-    if any(len(p) != 1 for p in ph):
+    ph_enc = pa.array(ph, type=pa.string()).dictionary_encode()
+    phases = [p[:1] for p in ph_enc.dictionary.to_pylist()]
+    if any(len(p) != 1 for p in ph_enc.dictionary.to_pylist()):
         ph = tuple(p[:1] for p in ph)
-    code = np.fromiter((_PH_CODE.get(p, 0) for p in ph), dtype=np.int8, count=n)
+    idx = ph_enc.indices.to_numpy(zero_copy_only=False)
+    code = np.array([_PH_CODE.get(p, 0) for p in phases], dtype=np.int8)[idx]
+    is_x = np.array([p == "X" for p in phases], dtype=bool)[idx]
 
-    texts = None
-    if any(isinstance(v, float) and abs(v) >= EXACT_FLOAT_US for v in ts_v):
+    ts_ns, ts_ok = us_column_to_ns(ts_v)
+    dur_ns, dur_ok = us_column_to_ns(dur_v)
+    has_fraction, max_abs = _ts_stats(ts_v, ts_ns, ts_ok)
+    if max_abs >= EXACT_FLOAT_US:
+        # epoch us with ns decimals (2024-03/04) do not fit a double: read their text
         texts = time_texts()
-    ts_ns, ts_ok = _times(ts_v, texts[0] if texts else None)
-    dur_ns, dur_ok = _times(dur_v, texts[1] if texts else None)
-    has_fraction, max_abs = _ts_stats(ts_v, ts_ns, ts_ok, texts is not None)
+        if texts is not None:
+            ts_ns, ts_ok = _times(texts[0])
+            dur_ns, dur_ok = _times(texts[1])
+            has_fraction = True
 
     # what cannot be stored: unknown phases, no usable ts, negative complete durations
-    is_x = np.fromiter((p == "X" for p in ph), dtype=bool, count=n)
     missing_ts = (code > 0) & (code < 4) & ~ts_ok
     neg_dur = is_x & dur_ok & (dur_ns < 0)
     bad = (code == 0) | missing_ts | neg_dur
@@ -185,7 +190,7 @@ def build_tables(
             "kind": _kind_column(cat_arr), "name": pa.array(name, type=pa.string()),
             "ts_ns": pa.array(ts_ns), "dur_ns": pa.array(dur_ns),
             "pid_raw": pid_raw, "tid_raw": tid_raw,
-            "pid": _int_ids(pid), "tid": _int_ids(tid),
+            "pid": int_column(pid), "tid": int_column(tid),
             "async_id": raw_text_column([e.id for e in events]) if
             any(p in "bne" for p in set(ph)) else pa.nulls(n, pa.string()),
         }
@@ -242,29 +247,13 @@ def build_tables(
     return tables, problems, has_fraction, max_abs
 
 
-def _int_ids(vals: tuple) -> pa.Array:
-    try:
-        return pa.array(vals, type=pa.int64())
-    except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError, TypeError):
-        arr, _ = int64_column([to_int(v) for v in vals])
-        return arr
-
-
-def _ts_stats(ts_v: tuple, ts_ns: np.ndarray, ts_ok: np.ndarray, from_text: bool
-              ) -> tuple[bool, float]:
-    if from_text:
-        return True, float(np.abs(ts_ns[ts_ok]).max(initial=0)) / 1000
-    floats = np.array([v for v in ts_v if isinstance(v, float)], dtype=np.float64)
-    has_fraction, max_abs = False, 0.0
-    if len(floats):
-        a = np.abs(floats)
-        max_abs = float(a.max())
-        has_fraction = bool(np.any(a != np.floor(a)))
-        # (values >= EXACT_FLOAT_US with decimals were read from their text by the caller)
-    strs = [v for v in ts_v if isinstance(v, str)]
-    if strs:
-        has_fraction = has_fraction or any("." in v for v in strs)
-        max_abs = max(max_abs, float(np.abs(ts_ns[ts_ok]).max(initial=0)) / 1000)
+def _ts_stats(ts_v: tuple, ts_ns: np.ndarray, ts_ok: np.ndarray) -> tuple[bool, float]:
+    """(any ts with a fraction of a microsecond, max |ts| in us) of a piece."""
+    ok_ns = ts_ns[ts_ok]
+    max_abs = float(np.abs(ok_ns).max(initial=0)) / 1000
+    has_fraction = bool(np.any(ok_ns % 1000 != 0))
+    if not has_fraction and str in set(map(type, ts_v)):
+        has_fraction = any("." in v for v in ts_v if type(v) is str)
     return has_fraction, max_abs
 
 

@@ -12,6 +12,7 @@ from decimal import Decimal, InvalidOperation
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 # Below 2**43 us (~101.8 days), floor + round of the fraction recovers the exact ns.
@@ -43,8 +44,8 @@ def text_us_to_ns(text: str) -> int | None:
         return None
 
 
-def us_column_to_ns(values: list) -> tuple[np.ndarray, np.ndarray]:
-    """A list of float/str/None microsecond values -> (int64 ns, valid mask)."""
+def us_column_to_ns(values: list | tuple) -> tuple[np.ndarray, np.ndarray]:
+    """float/str/None microsecond values -> (int64 ns, valid mask)."""
     n = len(values)
     types = set(map(type, values))
     if types <= {float, int, type(None)}:
@@ -117,18 +118,50 @@ def id_to_int64(v: object) -> int | None:
     return None
 
 
-def raw_text_column(values: list) -> pa.Array:
-    """pid/tid/id values -> the text as written (ints as decimal, strings as-is)."""
+def raw_text_column(values: list | tuple) -> pa.Array:
+    """pid/tid/id values -> the text as written (ints as decimal, strings as-is).
+
+    Column-wise: ints go through Arrow's cast, strings as they are; only other types (floats,
+    bools: rare) take a Python path."""
     types = set(map(type, values))
     if types <= {int, type(None)}:
         try:
             return pa.array(values, type=pa.int64()).cast(pa.string())
         except (pa.ArrowInvalid, OverflowError):
             pass
+    if types <= {int, str, type(None)}:
+        strs = pa.array([v if type(v) is str else None for v in values], type=pa.string())
+        try:
+            ints = pa.array([v if type(v) is int else None for v in values], type=pa.int64())
+            return pc.coalesce(strs, ints.cast(pa.string()))
+        except (pa.ArrowInvalid, OverflowError):
+            pass
     return pa.array(
         [None if v is None else (v if isinstance(v, str) else _scalar_text(v)) for v in values],
         type=pa.string(),
     )
+
+
+def int_column(values: list | tuple) -> pa.Array:
+    """pid/tid values -> int64: ints as they are, decimal strings parsed, others NULL."""
+    try:
+        return pa.array(values, type=pa.int64())
+    except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError, TypeError):
+        pass
+    types = set(map(type, values))
+    if types <= {int, str, type(None)}:
+        try:
+            ints = pa.array([v if type(v) is int else None for v in values], type=pa.int64())
+        except (pa.ArrowInvalid, OverflowError):
+            ints = None
+        if ints is not None:
+            strs = pa.array([v if type(v) is str else None for v in values], type=pa.string())
+            numeric = pc.match_substring_regex(strs, r"^\s*-?\d{1,18}\s*$")
+            parsed = pc.cast(pc.utf8_trim_whitespace(
+                pc.if_else(numeric, strs, pa.scalar(None, pa.string()))), pa.int64())
+            return pc.coalesce(ints, parsed)
+    arr, _ = int64_column([to_int(v) for v in values])
+    return arr
 
 
 def _scalar_text(v: object) -> str:
