@@ -20,15 +20,13 @@ prints one JSON object per file with at least ``events_read``, ``events_stored``
 from __future__ import annotations
 
 import argparse
-import gc
-import gzip
 import json
 import shlex
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
-import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TextIO
@@ -106,6 +104,7 @@ class CaseResult:
     json_load_seconds: float | None = None
     hta: dict | None = None
     error: str = ""
+    stage_seconds: dict[str, list[float]] = field(default_factory=dict)  # from --json timings
 
     @property
     def median(self) -> float:
@@ -147,18 +146,25 @@ def run_ingest(cmd: list[str], path: Path, workers: int | None, timeout: float) 
     return r, (reports[0] if reports else None)
 
 
+_JSON_LOAD = """
+import gzip, json, sys, time
+path = sys.argv[1]
+t = time.perf_counter()
+with (gzip.open(path, "rb") if path.endswith(".gz") else open(path, "rb")) as f:
+    json.load(f)
+print(time.perf_counter() - t)
+"""
+
+
 def time_json_load(path: Path, runs: int) -> float:
-    """Median seconds of a plain in-process json.load of the file (the floor any pure-Python
-    approach starts from)."""
+    """Median seconds of a plain json.load of the file (the floor any pure-Python approach
+    starts from). It runs in a child process: loading 200 MB of JSON here would raise this
+    process's RSS, which Linux hands down to every later child as its ru_maxrss."""
     times = []
     for _ in range(runs):
-        gc.collect()
-        t = time.perf_counter()
-        with (gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")) as f:
-            doc = json.load(f)
-        times.append(time.perf_counter() - t)
-        del doc
-    gc.collect()
+        out = subprocess.run([sys.executable, "-c", _JSON_LOAD, str(path)], check=True,
+                             capture_output=True, text=True).stdout
+        times.append(float(out.strip().splitlines()[-1]))
     return statistics.median(times)
 
 
@@ -223,6 +229,10 @@ def print_table(
         elif r.events_read is not None and r.events_read != r.gen_events:
             print(f"  note {r.case}: events_read {r.events_read} != generated {r.gen_events}",
                   file=out)
+        if r.stage_seconds:
+            split = ", ".join(f"{k} {statistics.median(v):.2f}"
+                              for k, v in r.stage_seconds.items())
+            print(f"  stages {r.case} (median s): {split}", file=out)
         if r.json_load_seconds:
             print(f"  json.load {r.case}: {r.json_load_seconds:.2f} s "
                   f"({r.uncompressed_bytes / 1e6 / r.json_load_seconds:.1f} MB/s)", file=out)
@@ -285,6 +295,8 @@ def main(argv: list[str] | None = None) -> int:
             res.events_read = rep.get("events_read")
             res.events_stored = rep.get("events_stored")
             res.events_quarantined = rep.get("events_quarantined")
+            for stage, sec in (rep.get("timings") or {}).items():
+                res.stage_seconds.setdefault(stage, []).append(sec)
         if not a.no_json_load and name.startswith("200MB"):
             res.json_load_seconds = time_json_load(path, max(1, min(a.runs, 3)))
         results.append(res)

@@ -110,7 +110,9 @@ def _build(
                 progress(info.bytes_on_disk)
             yield p
 
+    t0 = time.perf_counter()
     results = decode_all(workers, reported(pieces(info, opts.piece_bytes)), stage)
+    res.timings["read_decode_s"] = round(time.perf_counter() - t0, 3)
     if progress:
         progress(info.bytes_on_disk)
 
@@ -173,11 +175,13 @@ def _build(
     base = base_time_ns(keys)
     di = keys.get("distributedInfo") if isinstance(keys.get("distributedInfo"), dict) else None
     pg_ranks = _pg_ranks(di)
+    t0 = time.perf_counter()
     con = derive_mod.connect(work, workers.workers, opts.memory_limit)
     try:
         d = derive_mod.derive(con, stage, built, offsets, total, base, pg_ranks, workers.run)
     finally:
         con.close()
+    res.timings["derive_s"] = round(time.perf_counter() - t0, 3)
     for eid, off, issue, detail, q, snip in d.issues:
         issues.append(Issue(None, off, issue, detail, q, snip))
         issue_eids.append(eid)  # absolute eid already

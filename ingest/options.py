@@ -42,6 +42,7 @@ class FileResult:
     warnings: list[str] = field(default_factory=list)
     store: str = ""
     sha256: str = ""
+    timings: dict[str, float] = field(default_factory=dict)  # seconds per stage
     built: str = ""  # work directory of the built partition, until committed
 
     def as_json(self) -> dict:
@@ -51,5 +52,5 @@ class FileResult:
             "events_read": self.events_read, "events_stored": self.events_stored,
             "events_quarantined": self.events_quarantined, "salvaged": self.salvaged,
             "json_bytes": self.json_bytes, "seconds": round(self.seconds, 3),
-            "warnings": self.warnings,
+            "warnings": self.warnings, "timings": self.timings,
         }
