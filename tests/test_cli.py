@@ -76,3 +76,31 @@ def test_store_columns_match_the_schema(tmp_path: Path) -> None:
     for t in TABLES:
         cols = [r[0] for r in c.execute(f"DESCRIBE {t.name}").fetchall()]
         assert cols == [*t.column_names(), "job", "rank"], t.name
+
+
+def test_progress_bar_only_on_a_terminal(tmp_path: Path) -> None:
+    """On a TTY stderr shows a rich progress bar naming the file; piped, stderr stays empty
+    (checked in test_ingest_samples_subprocess_json)."""
+    import os
+    import pty
+
+    master, slave = pty.openpty()
+    f = SAMPLES / "rank0.pt.trace.json.gz"
+    p = subprocess.Popen([sys.executable, "-m", "tracetool", "ingest", str(f), "--store",
+                          str(tmp_path / "s")], stdout=subprocess.PIPE, stderr=slave,
+                         env={**os.environ, "COLUMNS": "120", "TERM": "xterm"})
+    os.close(slave)
+    chunks = []
+    while True:
+        try:
+            data = os.read(master, 65536)
+        except OSError:
+            break
+        if not data:
+            break
+        chunks.append(data)
+    p.wait(timeout=120)
+    os.close(master)
+    tty_err = b"".join(chunks).decode("utf-8", "replace")
+    assert p.returncode == 0
+    assert "rank0.pt.trace.json.gz" in tty_err  # the progress bar's label

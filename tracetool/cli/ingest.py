@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import click
@@ -37,6 +38,8 @@ def ingest_command(paths: tuple[Path, ...], store: Path, job: str | None, rank: 
 
     def report(r: FileResult) -> None:
         nonlocal failed
+        if bars is not None:
+            bars.stop()  # a bar left by a file that failed early
         if r.status == "error":
             failed = True
         if as_json:
@@ -50,28 +53,47 @@ def ingest_command(paths: tuple[Path, ...], store: Path, job: str | None, rank: 
             verb = "ingested" if r.status == "ingested" else "skipped"
             click.echo(f"{verb} {r.path} -> {where}: {r.message}")
 
-    progress_factory = _progress_factory() if sys.stderr.isatty() and not as_json else None
+    bars = ProgressBars() if sys.stderr.isatty() and not as_json else None
     try:
-        ingest(list(paths), opts, on_result=report, progress_factory=progress_factory)
+        ingest(list(paths), opts, on_result=report, progress_factory=bars)
     except UsageProblem as err:
         raise click.UsageError(str(err)) from None
     sys.exit(1 if failed else 0)
 
 
-def _progress_factory():  # pragma: no cover - only on a terminal
-    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
+class ProgressBars:
+    """Transient rich bars of bytes read, one file at a time, on stderr (a terminal only)."""
 
-    def factory(path: Path, size: int):
+    def __init__(self) -> None:
+        from rich.console import Console
+
+        self.console = Console(stderr=True)
+        self.active = None
+
+    def __call__(self, path: Path, size: int) -> Callable[[int], None]:
+        from rich.progress import (
+            BarColumn,
+            DownloadColumn,
+            Progress,
+            TextColumn,
+            TransferSpeedColumn,
+        )
+
+        self.stop()
         prog = Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(),
-                        TransferSpeedColumn(), transient=True)
+                        TransferSpeedColumn(), transient=True, console=self.console)
+        self.active = prog
         task = prog.add_task(path.name, total=size or None)
         prog.start()
 
         def update(done: int) -> None:
             prog.update(task, completed=done)
             if size and done >= size:
-                prog.stop()
+                self.stop()
 
         return update
 
-    return factory
+    def stop(self) -> None:
+        if self.active is not None:
+            self.active.stop()
+            self.active = None
