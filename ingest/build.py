@@ -69,10 +69,12 @@ def build_file(
     if path.is_dir():
         res.message = "is a directory"
         return res
-    # identical bytes already stored: a no-op (hash only when a same-size file is stored)
-    if not opts.force and any(s.bytes == size for s in stored):
+    # identical bytes already stored in this job: a no-op (hash only when a same-size file
+    # is there)
+    mine = [s for s in stored if s.job == opts.job]
+    if not opts.force and any(s.bytes == size for s in mine):
         digest = sha256_of(path)
-        same = [s for s in stored if s.sha256 == digest]
+        same = [s for s in mine if s.sha256 == digest]
         if same:
             res.status, res.job, res.rank = "skipped", same[0].job, same[0].rank
             res.message = (f"already ingested as job {same[0].job} rank {same[0].rank} "

@@ -27,9 +27,13 @@ DTYPE_BYTES = {
     "c10::bfloat16": 2, "c10::half": 2, "short": 2, "int16": 2, "byte": 1, "char": 1,
     "int8": 1, "uint8": 1, "bool": 1, "float8_e4m3fn": 1, "float8_e5m2": 1,
     "complexfloat": 8, "complexdouble": 16, "unsigned char": 1, "signed char": 1,
+    "long int": 8, "unsigned long": 8, "long long": 8, "c10::float8_e4m3fn": 1,
 }
 # Calls recorded like collectives that move no data of their own.
 NOT_COLLECTIVES = {"wait", "monitored_barrier"}
+# Any of these in record_param_comms' args marks a real collective call (2023-10+ traces).
+COLLECTIVE_KEYS = {"Collective name", "Comms Id", "In msg nelems", "In msg size",
+                   "Process Group Name", "Process Group ID", "Seq", "dtype"}
 
 
 def _norm(name: str) -> str:
@@ -73,6 +77,15 @@ def _nelems(dims: object) -> int | None:
     return None
 
 
+def _size_from_dims(row: dict, *sources: dict) -> None:
+    """Element count and dtype from the first source with Input Dims (record_shapes)."""
+    src = next((s for s in sources if s.get("Input Dims")), {})
+    n = _nelems(src.get("Input Dims"))
+    types = src.get("Input type") or []
+    row["dtype"] = next((t for t in types if t and t not in ("TensorList", "Scalar")), None)
+    row["in_nelems"] = row["out_nelems"] = n
+
+
 def _rows(con: duckdb.DuckDBPyConnection, sql: str) -> list[dict]:
     cur = con.execute(sql)
     names = [d[0] for d in cur.description]
@@ -95,6 +108,12 @@ def build(con: duckdb.DuckDBPyConnection, out: Path, pg_ranks: dict[str, list[in
     kernels = _rows(con, f"""SELECT eid, name, stream, ts_ns, end_ns, external_id, launch_ts_ns,
                                     launch_tid FROM {g} WHERE is_comm
                              ORDER BY coalesce(launch_ts_ns, ts_ns)""")
+    # before 2023-10 record_param_comms had no collective args: the nccl:<op> annotation
+    # inside it names the op and its Input Dims / Input type give the size
+    titles = {r["parent_eid"]: r for r in _rows(con, f"""
+        SELECT c.parent_eid, c.name, c.args FROM {ev} c
+        WHERE c.kind = 'user_annotation' AND c.name LIKE 'nccl:%' AND c.parent_eid IN (
+            SELECT eid FROM {ev} WHERE name = 'record_param_comms')""")}
     rows: list[dict] = []
     if rpc:
         index = _KernelIndex(kernels)
@@ -102,8 +121,16 @@ def build(con: duckdb.DuckDBPyConnection, out: Path, pg_ranks: dict[str, list[in
             a = json.loads(r["args"]) if r["args"] else {}
             if a.get("Collective name") in NOT_COLLECTIVES:
                 continue
+            title = titles.get(r["eid"])
+            if title is None and not COLLECTIVE_KEYS & a.keys():
+                continue  # a wait() recorded like a collective: it moves no data
             k = index.for_call(r)
-            rows.append(_row_from_args(r, a, k, None, pg_ranks, "nccl" if k else "cpu"))
+            row = _row_from_args(r, a, k, None, pg_ranks, "nccl" if k else "cpu")
+            if a.get("Collective name") is None and title is not None:
+                ta = json.loads(title["args"]) if title["args"] else {}
+                row["collective"] = title["name"].split(":", 1)[1]
+                _size_from_dims(row, ta, a)
+            rows.append(row)
     else:
         ops = _rows(con, f"""SELECT eid, name, ts_ns, dur_ns, end_ns, tid, args FROM {ev}
                              WHERE kind = 'cpu_op' AND name LIKE 'c10d::%' ORDER BY ts_ns, eid""")
@@ -126,12 +153,7 @@ def build(con: duckdb.DuckDBPyConnection, out: Path, pg_ranks: dict[str, list[in
             sa = json.loads(span["args"]) if span and span["args"] else {}
             row = _row_from_args(o, {"Collective name": coll}, None, span, pg_ranks,
                                  "gloo" if span else "cpu")
-            dims_src = sa if sa.get("Input Dims") else a
-            n = _nelems(dims_src.get("Input Dims"))
-            types = dims_src.get("Input type") or []
-            dtype = next((t for t in types if t and t not in ("TensorList", "Scalar")), None)
-            row["dtype"] = dtype
-            row["in_nelems"] = row["out_nelems"] = n
+            _size_from_dims(row, sa, a)
             rows.append(row)
     # call index per process group, and sizes in bytes
     counters: dict[str | None, int] = {}

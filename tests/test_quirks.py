@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+
 from tracetool.ingest.pipeline import Options, ingest
 
 from ._util import con, kineto_text, run, write, x

@@ -35,6 +35,8 @@ GPU_OP_CATS = {"kernel": "kernel", "Kernel": "kernel", "gpu_memcpy": "memcpy",
 # Runtime/driver calls that launch GPU work ("Runtime" is the 2021 name of cuda_runtime).
 LAUNCH_CATS = frozenset({"cuda_runtime", "cuda_driver", "Runtime"})
 NOT_COLLECTIVES = frozenset({"wait", "monitored_barrier"})
+COLLECTIVE_KEYS = frozenset({"Collective name", "Comms Id", "In msg nelems", "In msg size",
+                             "Process Group Name", "Process Group ID", "Seq", "dtype"})
 STEP_NAME = re.compile(r"ProfilerStep#(\d+)")
 RANK_IN_NAME = re.compile(r"(?:rank|worker)[-_]?(\d+)", re.IGNORECASE)
 DLRM_DIR = "facebookresearch__param/et_replay/tests/inputs/dlrm_kineto/dlrm_kineto"
@@ -136,6 +138,8 @@ def summarize(path: Path, rel_path: str) -> RawTrace:
     phs: list[str] = []
     digest = hashlib.sha256()
     launches: dict[object, list[tuple[int, str]]] = defaultdict(list)
+    rpcs: list = []  # (pid, tid, ts, dur, args) of record_param_comms
+    titles: list = []  # (pid, tid, ts, name) of nccl:<op> annotations
     for k, e in enumerate(evs):
         ph = e.get("ph") if isinstance(e, dict) else None
         ph = ph if isinstance(ph, str) and len(ph) == 1 else "?"
@@ -162,9 +166,10 @@ def summarize(path: Path, rel_path: str) -> RawTrace:
                     t.steps_legacy.add(int(m.group(1)))
             if name == "record_param_comms":
                 t.n_record_param_comms += 1
-                coll = args.get("Collective name")
-                if coll not in NOT_COLLECTIVES:
-                    t.rpc_collectives[coll] += 1
+                rpcs.append((e.get("pid"), e.get("tid"), e.get("ts"), e.get("dur"), args))
+            elif cat == "user_annotation" and isinstance(name, str) and \
+                    name.startswith("nccl:"):
+                titles.append((e.get("pid"), e.get("tid"), e.get("ts"), name))
             elif (cat in ("cpu_op", "Operator") and isinstance(name, str)
                   and name.startswith("c10d::")):
                 coll = name.split("::", 1)[1].rstrip("_")
@@ -185,6 +190,20 @@ def summarize(path: Path, rel_path: str) -> RawTrace:
                     t.counter_rows.append((k, e.get("name"), key, float(v)))
                 except ValueError:
                     continue
+    # A record_param_comms is a collective call when it carries collective args (2023-10+) or
+    # wraps an nccl:<op> annotation (older traces name the op only there); one with neither
+    # is a wait(). The name: the args' Collective name, else the annotation's <op>.
+    for pid, tid, ts, dur, args in rpcs:
+        coll = args.get("Collective name")
+        if coll is None:
+            inside = [n for p, d, s, n in titles if p == pid and d == tid and
+                      s is not None and ts is not None and ts <= s <= ts + (dur or 0)]
+            if inside:
+                coll = inside[0].split(":", 1)[1]
+            elif not COLLECTIVE_KEYS & args.keys():
+                continue
+        if coll not in NOT_COLLECTIVES:
+            t.rpc_collectives[coll] += 1
     t.ph = "".join(phs)
     t.launches = dict(launches)
     t.events_digest = digest.hexdigest()

@@ -7,6 +7,7 @@ import click
 from tracetool import __version__
 
 from .ingest import ingest_command
+from .sql import sql_command
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -16,6 +17,7 @@ def cli() -> None:
 
 
 cli.add_command(ingest_command)
+cli.add_command(sql_command)
 
 
 def main() -> None:

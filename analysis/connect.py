@@ -1,0 +1,40 @@
+"""``tracetool.connect(store)``: DuckDB with the store's tables and the analysis views.
+
+The views live in ``analysis/sql/*.sql``, applied in file-name order; each view is documented
+where it is defined (purpose, every column, units), as Perfetto's SQL standard library does.
+"""
+
+from __future__ import annotations
+
+from importlib import resources
+from pathlib import Path
+
+import duckdb
+
+from tracetool.store_views import connect_store
+from tracetool.store_views import setup_sql as table_setup_sql
+
+
+def view_files() -> list[tuple[str, str]]:
+    """(file name, SQL text) of the analysis views, in the order they must be created."""
+    sql_dir = resources.files("tracetool.analysis").joinpath("sql")
+    files = sorted((f for f in sql_dir.iterdir() if f.name.endswith(".sql")),
+                   key=lambda f: f.name)
+    return [(f.name, f.read_text()) for f in files]
+
+
+def setup_sql(store: Path | str) -> str:
+    """All the SQL that defines the tables' views and the analysis views over ``store``
+    (paste into the DuckDB CLI)."""
+    return table_setup_sql(store) + "\n\n" + "\n\n".join(sql for _, sql in view_files())
+
+
+def connect(store: Path | str, con: duckdb.DuckDBPyConnection | None = None
+            ) -> duckdb.DuckDBPyConnection:
+    """A DuckDB connection with one view per store table and every analysis view.
+
+    Use ``.sql(...)`` for a relation, ``.pl()`` on it for a polars frame."""
+    con = connect_store(store, con)
+    for _, sql in view_files():
+        con.execute(sql)
+    return con
