@@ -332,7 +332,7 @@ def _pair_begin_end(con: duckdb.DuckDBPyConnection, issues: list[tuple]) -> list
 def _cpu_steps(con: duckdb.DuckDBPyConnection, out: Path) -> None:
     con.execute(f"""
         CREATE OR REPLACE TABLE cpu_steps AS
-        SELECT {STEP_NUMBER} AS step, eid, ts_ns AS start_ns,
+        SELECT {STEP_NUMBER} AS step, eid, tid, ts_ns AS start_ns,
                coalesce(end_ns, 9223372036854775807) AS cpu_end_ns, end_ns, dur_ns, args
         FROM {events_glob(out)}
         WHERE kind IN ('user_annotation', 'cpu_op')  -- 2021 traces: cat Operator
@@ -401,7 +401,7 @@ def derive_steps(con: duckdb.DuckDBPyConnection, out: Path) -> None:
         WITH gs AS (SELECT step, min(ts_ns) AS gpu_start_ns, max(end_ns) AS gpu_end_ns,
                            count(*) AS n_gpu_ops
                     FROM {g} WHERE step IS NOT NULL GROUP BY step)
-        SELECT s.step, s.eid, s.start_ns AS cpu_start_ns, s.end_ns AS cpu_end_ns,
+        SELECT s.step, s.eid, s.tid, s.start_ns AS cpu_start_ns, s.end_ns AS cpu_end_ns,
                gs.gpu_start_ns, gs.gpu_end_ns, s.start_ns,
                greatest(s.end_ns, coalesce(gs.gpu_end_ns, s.end_ns)) AS end_ns,
                greatest(s.end_ns, coalesce(gs.gpu_end_ns, s.end_ns)) - s.start_ns AS dur_ns,

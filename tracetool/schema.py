@@ -330,6 +330,7 @@ STEPS = Table(
     (
         _c("step", I32, "N of ProfilerStep#N."),
         _c("eid", I64, "eid of the ProfilerStep#N user_annotation."),
+        _c("tid", I64, "Thread of that annotation (the thread that drives the steps)."),
         _c("cpu_start_ns", I64, "Start of the annotation."),
         _c("cpu_end_ns", I64, "End of the annotation."),
         _c("gpu_start_ns", I64, "First start of a GPU op launched inside the step, NULL when "

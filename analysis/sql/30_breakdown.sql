@@ -7,37 +7,34 @@
 --   non-gloo threads and comm is the gloo:* spans on the gloo threads.
 CREATE OR REPLACE VIEW step_intervals AS
 WITH st AS (SELECT job, rank, step, start_ns, end_ns FROM steps),
-has_gpu AS (SELECT DISTINCT job, rank FROM gpu_ops),
-step_tid AS (SELECT s.job, s.rank, s.step, e.tid FROM steps s
-             JOIN events e ON e.job = s.job AND e.rank = s.rank AND e.eid = s.eid),
+cpu_only_ranks AS (SELECT job, rank FROM trace_files
+                   EXCEPT SELECT DISTINCT job, rank FROM gpu_ops),
+step_tid AS (SELECT DISTINCT job, rank, tid FROM steps),
 gpu AS (
     SELECT job, rank, ts_ns, end_ns,
            CASE WHEN kind IN ('memcpy', 'memset') THEN 'memcpy'
                 WHEN is_comm THEN 'comm' ELSE 'compute' END AS what
     FROM gpu_ops),
-cpu AS (  -- top-level work on the step's thread, sync waits excluded
+cpu AS (  -- top-level work on the step's thread (depth 0, or just under the step annotation)
     SELECT e.job, e.rank, e.ts_ns, e.end_ns, 'cpu' AS what
-    FROM events e JOIN (SELECT DISTINCT job, rank, tid FROM step_tid) t
-      ON e.job = t.job AND e.rank = t.rank AND e.tid = t.tid
-    WHERE e.ph = 'X' AND e.kind IN ('cpu_op', 'user_annotation', 'cuda_runtime',
-                                      'cuda_driver', 'python_function')
-      AND NOT regexp_matches(e.name, 'Synchronize|^cudaMemcpy$|^hipMemcpy$')
+    FROM events e JOIN step_tid t ON e.job = t.job AND e.rank = t.rank AND e.tid = t.tid
+    LEFT JOIN steps p ON p.job = e.job AND p.rank = e.rank AND p.eid = e.parent_eid
+    WHERE e.depth <= 1 AND (e.depth = 0 OR p.eid IS NOT NULL) AND e.ph = 'X'
+      AND e.kind IN ('cpu_op', 'user_annotation', 'cuda_runtime', 'cuda_driver',
+                     'python_function')
       AND NOT starts_with(e.name, 'ProfilerStep#')
-      AND (e.depth = 0 OR e.parent_eid IN (
-            SELECT eid FROM events p WHERE p.job = e.job AND p.rank = e.rank
-              AND starts_with(p.name, 'ProfilerStep#')))),
+      AND e.name NOT LIKE '%Synchronize%' AND e.name NOT IN ('cudaMemcpy', 'hipMemcpy')),
 cpu_only AS (  -- ranks without GPU ops: CPU compute vs gloo transfer
     SELECT e.job, e.rank, e.ts_ns, e.end_ns,
            CASE WHEN starts_with(e.name, 'gloo:') THEN 'comm' ELSE 'compute' END AS what
-    FROM events e JOIN tracks t ON t.job = e.job AND t.rank = e.rank
-                                AND t.track_id = e.track_id
+    FROM events e
+    SEMI JOIN cpu_only_ranks c ON c.job = e.job AND c.rank = e.rank
+    JOIN tracks t ON t.job = e.job AND t.rank = e.rank AND t.track_id = e.track_id
+    LEFT JOIN steps p ON p.job = e.job AND p.rank = e.rank AND p.eid = e.parent_eid
     WHERE e.ph = 'X' AND t.track_kind = 'cpu_thread'
-      AND NOT EXISTS (SELECT 1 FROM has_gpu h WHERE h.job = e.job AND h.rank = e.rank)
-      AND ((starts_with(e.name, 'gloo:'))
+      AND (starts_with(e.name, 'gloo:')
            OR (e.kind = 'cpu_op' AND NOT coalesce(t.thread_name, '') LIKE '%gloo%'
-               AND (e.depth = 0 OR e.parent_eid IN (
-                    SELECT eid FROM events p WHERE p.job = e.job AND p.rank = e.rank
-                      AND starts_with(p.name, 'ProfilerStep#')))))),
+               AND (e.depth = 0 OR p.eid IS NOT NULL)))),
 all_iv AS (SELECT * FROM gpu UNION ALL SELECT * FROM cpu UNION ALL SELECT * FROM cpu_only)
 SELECT st.job, st.rank, st.step, greatest(a.ts_ns, st.start_ns) AS s_ns,
        least(a.end_ns, st.end_ns) AS e_ns, a.what
@@ -54,37 +51,42 @@ FROM all_iv a JOIN st ON a.job = st.job AND a.rank = st.rank
 -- cpu_bound_ns: idle time during which the step's CPU thread was busy (not synchronizing):
 --   the GPU waited for the CPU. NULL on CPU-only ranks.
 CREATE OR REPLACE VIEW step_breakdown AS
-WITH tagged AS (  -- each interval into every set it belongs to
-    SELECT job, rank, step, s_ns, e_ns, what AS tag FROM step_intervals
-    UNION ALL SELECT job, rank, step, s_ns, e_ns, 'busy' FROM step_intervals
-      WHERE what IN ('compute', 'comm', 'memcpy')
-    UNION ALL SELECT job, rank, step, s_ns, e_ns, 'compute_comm' FROM step_intervals
-      WHERE what IN ('compute', 'comm')
-    UNION ALL SELECT job, rank, step, s_ns, e_ns, 'busy_cpu' FROM step_intervals),
-ordered AS (
-    SELECT *, max(e_ns) OVER (PARTITION BY job, rank, step, tag ORDER BY s_ns, e_ns
-                              ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS prev_end
-    FROM tagged),
-islands AS (
-    SELECT *, sum(CASE WHEN prev_end IS NULL OR s_ns > prev_end THEN 1 ELSE 0 END)
-                  OVER (PARTITION BY job, rank, step, tag ORDER BY s_ns, e_ns
-                        ROWS UNBOUNDED PRECEDING) AS island
-    FROM ordered),
+WITH si AS MATERIALIZED (  -- integer keys and weights: the window below sorts on them
+    SELECT hash(job) AS jh, rank, step, s_ns, e_ns,
+           CASE what WHEN 'compute' THEN 1 WHEN 'comm' THEN 65536
+                     WHEN 'memcpy' THEN 4294967296 ELSE 281474976710656 END AS w
+    FROM step_intervals),
+points AS (  -- a sweep line: +w where an interval starts, -w where it ends; w puts each kind
+             -- in its own 16-bit counter, so one running sum tracks all four
+    SELECT jh, rank, step, s_ns AS t, 1 AS d, w FROM si
+    UNION ALL SELECT jh, rank, step, e_ns AS t, -1 AS d, w FROM si),
+running AS (
+    SELECT jh, rank, step, sum(d * w) OVER win AS packed,
+           coalesce(lead(t) OVER win, t) - t AS seg  -- until the next point
+    FROM points WINDOW win AS (PARTITION BY jh, rank, step ORDER BY t, d
+                               ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW)),
+sweep AS (
+    SELECT jh, rank, step, seg, packed & 65535 AS n_compute,
+           (packed >> 16) & 65535 AS n_comm, (packed >> 32) & 65535 AS n_memcpy,
+           packed >> 48 AS n_cpu
+    FROM running),
 unions AS (
-    SELECT job, rank, step, tag, sum(e - s)::BIGINT AS len FROM (
-        SELECT job, rank, step, tag, island, min(s_ns) AS s, max(e_ns) AS e
-        FROM islands GROUP BY ALL) GROUP BY ALL),
-u AS (PIVOT unions ON tag IN ('compute', 'comm', 'memcpy', 'busy', 'compute_comm', 'cpu',
-                              'busy_cpu') USING first(len) GROUP BY job, rank, step),
+    SELECT jh, rank, step,
+           sum(seg) FILTER (WHERE n_compute > 0) AS compute,
+           sum(seg) FILTER (WHERE n_comm > 0) AS comm,
+           sum(seg) FILTER (WHERE n_memcpy > 0) AS memcpy,
+           sum(seg) FILTER (WHERE n_compute > 0 AND n_comm > 0) AS both_,
+           sum(seg) FILTER (WHERE n_compute + n_comm + n_memcpy > 0) AS busy,
+           sum(seg) FILTER (WHERE n_compute + n_comm + n_memcpy + n_cpu > 0) AS busy_cpu
+    FROM sweep GROUP BY jh, rank, step),
 gpu_ranks AS (SELECT DISTINCT job, rank FROM gpu_ops)
 SELECT s.job, s.rank, s.step, s.dur_ns,
-       coalesce(u.compute, 0) AS compute_ns, coalesce(u.comm, 0) AS comm_ns,
-       coalesce(u.memcpy, 0) AS memcpy_ns,
-       (coalesce(u.compute, 0) + coalesce(u.comm, 0) - coalesce(u.compute_comm, 0))::BIGINT
-           AS overlap_ns,
-       (coalesce(u.compute_comm, 0) - coalesce(u.compute, 0))::BIGINT AS exposed_comm_ns,
-       s.dur_ns - coalesce(u.busy, 0) AS idle_ns,
-       CASE WHEN g.rank IS NOT NULL THEN coalesce(u.busy_cpu, 0) - coalesce(u.busy, 0) END
-           AS cpu_bound_ns
-FROM steps s LEFT JOIN u USING (job, rank, step)
+       coalesce(u.compute, 0)::BIGINT AS compute_ns, coalesce(u.comm, 0)::BIGINT AS comm_ns,
+       coalesce(u.memcpy, 0)::BIGINT AS memcpy_ns, coalesce(u.both_, 0)::BIGINT AS overlap_ns,
+       (coalesce(u.comm, 0) - coalesce(u.both_, 0))::BIGINT AS exposed_comm_ns,
+       (s.dur_ns - coalesce(u.busy, 0))::BIGINT AS idle_ns,
+       CASE WHEN g.rank IS NOT NULL
+            THEN (coalesce(u.busy_cpu, 0) - coalesce(u.busy, 0))::BIGINT END AS cpu_bound_ns
+FROM steps s
+LEFT JOIN unions u ON u.jh = hash(s.job) AND u.rank = s.rank AND u.step = s.step
 LEFT JOIN gpu_ranks g ON g.job = s.job AND g.rank = s.rank;
