@@ -69,8 +69,16 @@ class Workers:
         """Forked workers (cheap to start, no re-import of __main__), all started at once
         by the first submit; ``ingest`` starts them before any DuckDB thread exists."""
         if self._pool is None:
-            self._pool = ProcessPoolExecutor(self.workers, mp_context=mp.get_context("fork"))
-            self._pool.submit(int).result()
+            # Collect garbage first and freeze what is left: a child must never run the
+            # finalizer of a parent's object (an unclosed DuckDB connection segfaults there).
+            gc.collect()
+            gc.freeze()
+            try:
+                self._pool = ProcessPoolExecutor(self.workers,
+                                                 mp_context=mp.get_context("fork"))
+                self._pool.submit(int).result()
+            finally:
+                gc.unfreeze()
         return self._pool
 
     def map(self, items: Iterator[Piece], stage: Path) -> Iterator[tuple[Piece, PieceResult]]:

@@ -193,8 +193,8 @@ GPU_OPS = Table(
         _c("op_eid", I64, "eid of the innermost cpu_op around the launch call (else the "
            "cpu_op with the same External id)."),
         _c("op_name", STR, "Name of that CPU op."),
-        _c("step", I32, "ProfilerStep number whose window contains the launch (or the op), "
-           "NULL when outside any step."),
+        _c("step", I32, "ProfilerStep number whose CPU window contains the launch call (for "
+           "an op without a launch call: its own start), NULL when outside any step."),
     ),
     sort_key=("device", "stream", "ts_ns", "eid"),
 )

@@ -4,7 +4,8 @@
 
 -- @view kernels: GPU kernels with a coarse category, for breakdowns and projections.
 -- job, rank: the trace. eid: the kernel's event id. name: kernel name.
--- category: comm (collective/communication kernels), gemm (matmul/GEMM/cutlass/cublas), conv
+-- category (from the function name, before template or call arguments):
+--   comm (collective/communication kernels), gemm (matmul/GEMM/cutlass/cublas/bmm), conv
 --   (convolutions), attention (flash/fmha/sdpa), norm (layer/batch/group/rms norm), reduction
 --   (reduce/sum/softmax/argmax), elementwise (vectorized/elementwise/pointwise/triton_poi),
 --   other.
@@ -16,23 +17,20 @@ CREATE OR REPLACE VIEW kernels AS
 SELECT job, rank, eid, name,
        CASE
          WHEN is_comm THEN 'comm'
-         WHEN regexp_matches(lower(name), 'gemm|matmul|cutlass|cublas|sgemm|hgemm|wgmma|'
-                                          || 'ampere_.*_(tn|nn|nt|tt)|sm\d+_xmma|splitk')
-              THEN 'gemm'
-         WHEN regexp_matches(lower(name), 'conv|implicit_convolve|winograd|dgrad|wgrad')
-              THEN 'conv'
-         WHEN regexp_matches(lower(name), 'flash|fmha|attention|sdpa|attn') THEN 'attention'
-         WHEN regexp_matches(lower(name), 'norm') THEN 'norm'
-         WHEN regexp_matches(lower(name), 'reduce|softmax|sum_|argmax|max_|min_|mean|topk')
-              THEN 'reduction'
-         WHEN regexp_matches(lower(name), 'elementwise|vectorized|pointwise|triton_poi|'
-                                          || 'unrolled|fill|copy|cat|index')
-              THEN 'elementwise'
+         WHEN regexp_matches(fn, 'gemm|matmul|cutlass|cublas|bmm|nvjet|wgmma|xmma|splitk|'
+                                 || '^ampere_.*_(tn|nn|nt|tt)') THEN 'gemm'
+         WHEN regexp_matches(fn, 'conv|winograd|dgrad|wgrad') THEN 'conv'
+         WHEN regexp_matches(fn, 'flash|fmha|attention|sdpa|attn') THEN 'attention'
+         WHEN regexp_matches(fn, 'norm') THEN 'norm'
+         WHEN regexp_matches(fn, 'reduce|softmax|sum_|argmax|topk|mean') THEN 'reduction'
+         WHEN regexp_matches(fn, 'elementwise|vectorized|pointwise|triton_poi|unrolled|fill|'
+                                 || 'copy|cat_|index') THEN 'elementwise'
          ELSE 'other'
        END AS category,
        device, stream, ts_ns, end_ns, dur_ns, step, launch_eid, launch_ts_ns, op_eid, op_name,
        grid_x, grid_y, grid_z, block_x, block_y, block_z, registers_per_thread, shared_memory
-FROM gpu_ops WHERE kind = 'kernel';
+FROM (SELECT *, lower(regexp_extract(name, '^([^<(]*)', 1)) AS fn  -- the function name, not
+      FROM gpu_ops WHERE kind = 'kernel');                           -- template arguments
 
 -- @view cpu_ops: CPU operators (cat cpu_op, or Operator before 2022) with their self time.
 -- job, rank, eid, name, tid: the op and its thread. ts_ns, end_ns, dur_ns: when, how long.

@@ -6,7 +6,9 @@ import click
 
 from tracetool import __version__
 
+from .diff import diff_command
 from .ingest import ingest_command
+from .report import report_command
 from .sql import sql_command
 
 
@@ -18,6 +20,8 @@ def cli() -> None:
 
 cli.add_command(ingest_command)
 cli.add_command(sql_command)
+cli.add_command(report_command)
+cli.add_command(diff_command)
 
 
 def main() -> None:

@@ -1,0 +1,591 @@
+"""One job's report: a terminal summary, JSON, and Markdown + HTML pages with PNG charts.
+
+Every number comes from the analysis views (steps, step_breakdown, kernel_summary,
+op_summary, collective_instances), so the report agrees with what ``tracetool sql`` shows.
+The charts are drawn on matplotlib's Agg canvas directly rather than through pyplot: no
+display is needed and no global figure state is shared between reports.
+"""
+
+from __future__ import annotations
+
+import html
+import importlib
+import json
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field, is_dataclass
+from pathlib import Path
+from typing import Any
+
+import duckdb
+
+from tracetool.analysis.connect import connect
+
+TOP = 15  # rows of the top kernels / ops tables and chart
+NAME_WIDTH = 80  # long C++ kernel names are cut to this in tables (never in JSON)
+CHART_FILES = ("breakdown.png", "top_kernels.png", "top_cpu_ops.png", "collective_skew.png",
+               "critical_path.png")
+BREAKDOWN_PARTS = (  # (summary key, label, colour): they add up to the step's duration
+    ("compute_ns", "compute", "#4c72b0"),
+    ("exposed_comm_ns", "exposed comm", "#dd8452"),
+    ("exposed_memcpy_ns", "memcpy (not overlapped)", "#55a868"),
+    ("idle_ns", "idle", "#c7c7c7"),
+)
+
+
+class StoreError(Exception):
+    """The store or job the user named cannot be used; the message is one line for them."""
+
+
+def first_line(err: BaseException) -> str:
+    """The first line of an error's message (DuckDB's run to several lines)."""
+    text = str(err).strip()
+    return text.splitlines()[0] if text else type(err).__name__
+
+
+def open_job(store: Path | str, job: str | None = None
+             ) -> tuple[duckdb.DuckDBPyConnection, str]:
+    """A connection to ``store`` with every view, and the job to look at: ``job`` if given,
+    else the store's only job (a store of several jobs is ambiguous, so that is an error)."""
+    path = Path(store)
+    if not path.exists():
+        raise StoreError(f"{store}: no such file or directory")
+    if not (path / "data").is_dir():
+        raise StoreError(f"{store}: not a tracetool store (no data/ directory)")
+    if not any((path / "data").glob("job=*/rank=*/trace_files/*.parquet")):
+        raise StoreError(f"{store}: the store holds no ingested traces")
+    con = duckdb.connect()
+    try:
+        connect(path, con)
+        jobs = [r[0] for r in con.execute(
+            "SELECT DISTINCT job FROM trace_files ORDER BY job").fetchall()]
+    except duckdb.Error as err:
+        con.close()  # now, not when a reference cycle is collected (see tracetool.cli.report)
+        raise StoreError(f"{store}: cannot read the store: {first_line(err)}") from None
+    problem = None
+    if job is None and len(jobs) != 1:
+        problem = f"{store} holds jobs {', '.join(jobs)}: choose one with --job"
+    elif job is not None and job not in jobs:
+        problem = f"{store}: no job {job!r} (it holds {', '.join(jobs)})"
+    if problem:
+        con.close()
+        raise StoreError(problem)
+    return con, job or jobs[0]
+
+
+def rows(con: duckdb.DuckDBPyConnection, sql: str,
+         params: Sequence[object] | dict[str, object] = ()) -> list[dict[str, Any]]:
+    """Query result as dicts; ``*_ns`` averages and medians rounded to whole nanoseconds so
+    that every time in the JSON is an integer."""
+    cur = con.execute(sql, params if isinstance(params, dict) else list(params))
+    cols = [d[0] for d in cur.description]
+    out = []
+    for r in cur.fetchall():
+        d = dict(zip(cols, r, strict=True))
+        for k, v in d.items():
+            if k.endswith("_ns") and isinstance(v, float):
+                d[k] = round(v)
+        out.append(d)
+    return out
+
+
+# ---------------------------------------------------------------------------------- the data
+
+def summarize(con: duckdb.DuckDBPyConnection, job: str) -> dict[str, Any]:
+    """What the report shows, as plain JSON-ready data (times in ns)."""
+    files = rows(con, """
+        SELECT rank, backend, world_size, device_names FROM trace_files
+        WHERE job = ? ORDER BY rank""", [job])
+    has_kernels = con.execute("SELECT count(*) FROM kernels WHERE job = ?",
+                              [job]).fetchone()[0] > 0
+    return {
+        "job": job,
+        "ranks": [f["rank"] for f in files],
+        "backend": next((f["backend"] for f in files if f["backend"]), None),
+        "world_size": next((f["world_size"] for f in files if f["world_size"]), None),
+        "devices": sorted({d for f in files for d in (f["device_names"] or [])}),
+        "steps": step_stats(con, job),
+        "breakdown": breakdown(con, job),
+        "top": top_kernels(con, job) if has_kernels else top_cpu_ops(con, job),
+        "collectives": collectives(con, job),
+    }
+
+
+def step_stats(con: duckdb.DuckDBPyConnection, job: str) -> list[dict[str, Any]]:
+    """Per rank: complete ProfilerSteps and their durations (an open step's end is only
+    where the trace stopped, so it is left out)."""
+    return rows(con, """
+        SELECT rank, count(*) AS n_steps, median(dur_ns) AS median_ns, avg(dur_ns) AS mean_ns,
+               min(dur_ns) AS min_ns, max(dur_ns) AS max_ns
+        FROM steps WHERE job = ? AND complete GROUP BY rank ORDER BY rank""", [job])
+
+
+def breakdown(con: duckdb.DuckDBPyConnection, job: str) -> list[dict[str, Any]]:
+    """Per rank, the mean over complete steps of step_breakdown.
+
+    ``exposed_memcpy_ns`` is copy time not hidden behind compute or communication (busy time
+    minus the compute/comm union), so compute + exposed comm + exposed memcpy + idle add up to
+    the step: the stacked bars then read as where the step went."""
+    return rows(con, """
+        SELECT b.rank, count(*) AS n_steps, avg(b.dur_ns) AS dur_ns,
+               avg(b.compute_ns) AS compute_ns, avg(b.comm_ns) AS comm_ns,
+               avg(b.overlap_ns) AS overlap_ns, avg(b.exposed_comm_ns) AS exposed_comm_ns,
+               avg(b.memcpy_ns) AS memcpy_ns,
+               avg(b.dur_ns - b.idle_ns - b.compute_ns - b.exposed_comm_ns)
+                   AS exposed_memcpy_ns,
+               avg(b.idle_ns) AS idle_ns, avg(b.cpu_bound_ns) AS cpu_bound_ns
+        FROM step_breakdown b JOIN steps s
+          ON s.job = b.job AND s.rank = b.rank AND s.step = b.step
+        WHERE b.job = ? AND s.complete GROUP BY b.rank ORDER BY b.rank""", [job])
+
+
+def top_kernels(con: duckdb.DuckDBPyConnection, job: str, n: int = TOP) -> dict[str, Any]:
+    """The kernels with the most total time over all ranks of the job."""
+    return {"what": "kernels", "rows": rows(con, """
+        SELECT name, any_value(category) AS category, sum(count)::BIGINT AS count,
+               sum(total_ns)::BIGINT AS total_ns, sum(total_ns) / sum(count) AS mean_ns,
+               sum(total_ns) / sum(sum(total_ns)) OVER () AS share
+        FROM kernel_summary WHERE job = ? GROUP BY name
+        ORDER BY total_ns DESC, name LIMIT ?""", [job, n])}
+
+
+def top_cpu_ops(con: duckdb.DuckDBPyConnection, job: str, n: int = TOP) -> dict[str, Any]:
+    """For a job without kernels: the CPU ops with the most self time. Self rather than
+    inclusive time because CPU ops nest: by inclusive time the wrappers around everything
+    (forward, backward, DDP hooks) would fill the list and count their children again."""
+    return {"what": "cpu_ops", "rows": rows(con, """
+        SELECT name, sum(count)::BIGINT AS count, sum(self_ns)::BIGINT AS self_ns,
+               sum(total_ns)::BIGINT AS total_ns, sum(total_ns) / sum(count) AS mean_ns,
+               sum(self_ns) / sum(sum(self_ns)) OVER () AS share
+        FROM op_summary WHERE job = ? GROUP BY name
+        ORDER BY self_ns DESC, name LIMIT ?""", [job, n])}
+
+
+def collectives(con: duckdb.DuckDBPyConnection, job: str) -> dict[str, Any]:
+    """Collective calls matched across ranks: totals per collective type and per rank."""
+    by_type = rows(con, """
+        WITH inst AS (
+            SELECT instance, any_value(collective) AS collective, max(n_ranks) AS n_ranks,
+                   max(skew_ns) AS skew_ns, max(transfer_ns) AS transfer_ns,
+                   max(bytes) AS bytes, sum(wait_ns) AS wait_ns
+            FROM collective_instances WHERE job = ? GROUP BY instance)
+        SELECT collective, count(*) AS instances, sum(bytes)::BIGINT AS bytes,
+               median(transfer_ns) AS median_transfer_ns, avg(skew_ns) AS mean_skew_ns,
+               max(skew_ns) AS max_skew_ns, sum(wait_ns)::BIGINT AS wait_ns
+        FROM inst GROUP BY collective ORDER BY wait_ns DESC, collective""", [job])
+    by_rank = rows(con, """
+        SELECT rank, count(*) AS calls, sum(dur_ns)::BIGINT AS dur_ns,
+               sum(wait_ns)::BIGINT AS wait_ns,
+               count(*) FILTER (WHERE rank = last_rank AND n_ranks > 1) AS times_last
+        FROM collective_instances WHERE job = ? GROUP BY rank ORDER BY rank""", [job])
+    return {"instances": sum(t["instances"] for t in by_type), "by_type": by_type,
+            "by_rank": by_rank}
+
+
+def critical_path_segments(con: duckdb.DuckDBPyConnection, job: str
+                           ) -> tuple[list[dict[str, Any]], str | None]:
+    """(segments, None) from ``tracetool.analysis.critical_path``, or ([], why not).
+
+    That module is optional and developed separately, so any failure to import it or to run
+    it on this store makes the chart unavailable rather than failing the report."""
+    try:
+        cp = importlib.import_module("tracetool.analysis.critical_path")
+    except Exception as err:  # ImportError, or a module that breaks while importing
+        return [], f"tracetool.analysis.critical_path is not available ({first_line(err)})"
+    try:
+        segs = _records(cp.critical_path(con, job))
+    except Exception as err:  # its failure on this store must not fail the report
+        return [], f"critical_path() failed on this store: {type(err).__name__}: " \
+                   f"{first_line(err)}"
+    if not segs:
+        return [], "critical_path() found no path in this job"
+    missing = {"rank", "start_ns", "end_ns", "kind"} - set(segs[0])
+    if missing:
+        return [], f"critical_path() rows lack {', '.join(sorted(missing))}"
+    return segs, None
+
+
+def _records(obj: Any) -> list[dict[str, Any]]:
+    """Rows of a table-like value (DuckDB relation, polars or pandas frame, pyarrow table,
+    or a sequence of dicts / named tuples / dataclasses) as dicts."""
+    if isinstance(obj, duckdb.DuckDBPyRelation):
+        return [dict(zip(obj.columns, r, strict=True)) for r in obj.fetchall()]
+    if hasattr(obj, "to_dicts"):  # polars
+        return obj.to_dicts()
+    if hasattr(obj, "to_pylist"):  # pyarrow
+        return obj.to_pylist()
+    if hasattr(obj, "to_dict"):  # pandas
+        return obj.to_dict("records")
+    out = []
+    for r in obj:
+        if is_dataclass(r) and not isinstance(r, type):
+            out.append(asdict(r))
+        elif hasattr(r, "_asdict"):
+            out.append(r._asdict())
+        else:
+            out.append(dict(r))
+    return out
+
+
+def summarize_path(segs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Segments, covered time and time per kind of a critical path (for text and JSON)."""
+    by_kind: dict[str, int] = {}
+    for s in segs:
+        k = str(s.get("kind"))
+        by_kind[k] = by_kind.get(k, 0) + int(s["end_ns"] - s["start_ns"])
+    return {"segments": len(segs),
+            "steps": sorted({s["step"] for s in segs if s.get("step") is not None}),
+            "dur_ns": sum(by_kind.values()),
+            "by_kind": [{"kind": k, "dur_ns": v} for k, v in
+                        sorted(by_kind.items(), key=lambda kv: -kv[1])]}
+
+
+# -------------------------------------------------------------------------------- the charts
+
+def _figure(width: float, height: float) -> Any:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(width, height), dpi=100)
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def _save(fig: Any, path: Path) -> None:
+    """PNG, cropped to what was drawn (legends sit outside the axes)."""
+    fig.savefig(path, bbox_inches="tight")
+
+
+def _short(name: str, width: int = NAME_WIDTH) -> str:
+    return name if len(name) <= width else name[:width - 1] + "…"
+
+
+def chart_breakdown(summary: dict[str, Any], path: Path) -> None:
+    """Stacked bar per rank: mean step split into compute / exposed comm / memcpy / idle."""
+    bd = summary["breakdown"]
+    fig = _figure(min(20, max(7, 0.6 * len(bd) + 3)), 5)
+    ax = fig.add_subplot()
+    x = list(range(len(bd)))
+    bottom = [0.0] * len(bd)
+    for key, label, colour in BREAKDOWN_PARTS:
+        ms = [max(0, r[key] or 0) / 1e6 for r in bd]
+        ax.bar(x, ms, bottom=bottom, label=label, color=colour, width=0.7)
+        bottom = [b + v for b, v in zip(bottom, ms, strict=True)]
+    ax.set_xticks(x, [f"rank {r['rank']}" for r in bd], rotation=45 if len(bd) > 12 else 0)
+    ax.set_ylabel("ms per step (mean)")
+    cpu_only = summary["top"]["what"] == "cpu_ops"
+    ax.set_title(f"{summary['job']}: where a step goes"
+                 + (" (CPU-only: compute = CPU ops, comm = gloo)" if cpu_only else ""))
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1))
+    _save(fig, path)
+
+
+def chart_top(summary: dict[str, Any], path: Path) -> None:
+    """Horizontal bars of the top kernels (total time) or CPU ops (self time)."""
+    top = summary["top"]
+    key = "total_ns" if top["what"] == "kernels" else "self_ns"
+    rs = top["rows"]
+    fig = _figure(11, max(3, 0.35 * len(rs) + 1.5))
+    ax = fig.add_subplot()
+    y = list(range(len(rs)))
+    ax.barh(y, [r[key] / 1e6 for r in rs], color="#4c72b0")
+    ax.set_yticks(y, [_short(r["name"], 60) for r in rs], fontsize=8)
+    ax.invert_yaxis()
+    if top["what"] == "kernels":
+        ax.set_xlabel("total time over all ranks (ms)")
+        ax.set_title(f"{summary['job']}: top kernels by total time")
+    else:
+        ax.set_xlabel("self time over all ranks (ms)")
+        ax.set_title(f"{summary['job']}: top CPU ops by self time (no GPU kernels)")
+    _save(fig, path)
+
+
+def chart_skew(con: duckdb.DuckDBPyConnection, job: str, summary: dict[str, Any],
+               path: Path) -> None:
+    """Heatmap of ranks x collective instances (in time order); colour = how long the rank
+    waited for the last one to arrive."""
+    import numpy as np
+
+    cells = con.execute("""
+        SELECT instance, rank, wait_ns, min(first_arrival_ns) OVER (PARTITION BY instance) AS t
+        FROM collective_instances WHERE job = ?""", [job]).fetchall()
+    instances = sorted({(t, i) for i, _, _, t in cells})
+    col = {i: n for n, (_, i) in enumerate(instances)}
+    ranks = sorted({r for _, r, _, _ in cells})
+    row = {r: n for n, r in enumerate(ranks)}
+    grid = np.full((len(ranks), len(instances)), np.nan)
+    for i, r, wait, _ in cells:
+        grid[row[r], col[i]] = (wait or 0) / 1e6
+    fig = _figure(min(20, max(7, 0.25 * len(instances) + 3)), max(3, 0.35 * len(ranks) + 2))
+    ax = fig.add_subplot()
+    im = ax.imshow(np.ma.masked_invalid(grid), aspect="auto", cmap="viridis",
+                   interpolation="nearest")
+    ax.set_yticks(range(len(ranks)), [f"rank {r}" for r in ranks])
+    ax.set_xlabel("collective instance, in order of first arrival")
+    ax.set_title(f"{summary['job']}: wait at collectives (last arrival - own arrival)")
+    fig.colorbar(im, ax=ax, label="wait (ms)")
+    _save(fig, path)
+
+
+def chart_critical_path(segs: list[dict[str, Any]], job: str, path: Path) -> None:
+    """Timeline of the critical path: one lane per rank, segments coloured by kind."""
+    from matplotlib.patches import Patch
+
+    t0 = min(s["start_ns"] for s in segs)
+    ranks = sorted({s["rank"] for s in segs}, key=lambda r: (r is None, r))
+    kinds = sorted({str(s["kind"]) for s in segs})
+    fig = _figure(12, max(3, 0.5 * len(ranks) + 2))
+    ax = fig.add_subplot()
+    colours = _colours(len(kinds))
+    for k, colour in zip(kinds, colours, strict=True):
+        for lane, r in enumerate(ranks):
+            bars = [((s["start_ns"] - t0) / 1e6, max(s["end_ns"] - s["start_ns"], 0) / 1e6)
+                    for s in segs if s["rank"] == r and str(s["kind"]) == k]
+            if bars:
+                ax.broken_barh(bars, (lane - 0.4, 0.8), color=colour)
+    step_starts: dict[Any, int] = {}
+    for s in segs:
+        step_starts.setdefault(s.get("step"), s["start_ns"])
+    for start in list(step_starts.values())[1:]:
+        ax.axvline((start - t0) / 1e6, color="black", linestyle=":", linewidth=0.8)
+    ax.set_yticks(range(len(ranks)),
+                  ["no rank" if r is None else f"rank {r}" for r in ranks])
+    ax.set_xlabel("ms since the path's start (dotted: a new step begins)")
+    ax.set_title(f"{job}: critical path")
+    ax.legend(handles=[Patch(color=c, label=k) for k, c in zip(kinds, colours, strict=True)],
+              loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=8)
+    _save(fig, path)
+
+
+def _colours(n: int) -> list[Any]:
+    from matplotlib import colormaps
+
+    cmap = colormaps["tab10" if n <= 10 else "tab20"]
+    return [cmap(i % cmap.N) for i in range(n)]
+
+
+# ------------------------------------------------------------------------ the report itself
+
+@dataclass
+class Section:
+    """One part of the report, rendered the same way as text, Markdown and HTML."""
+
+    title: str
+    lines: list[str] = field(default_factory=list)
+    tables: list[tuple[list[str], list[list[str]]]] = field(default_factory=list)
+    image: str | None = None  # file name inside the report directory
+
+
+@dataclass
+class Report:
+    """A written report: its data (what ``--json`` prints) and its sections."""
+
+    summary: dict[str, Any]
+    sections: list[Section]
+    out_dir: Path
+
+    def text(self) -> str:
+        """The terminal summary: every section's text and tables, charts as file paths."""
+        out = [f"tracetool report: job {self.summary['job']}"]
+        for s in self.sections:
+            out += ["", s.title, "-" * len(s.title), *s.lines]
+            for headers, body in s.tables:
+                out += text_table(headers, body)
+            if s.image:
+                out.append(f"chart: {self.out_dir / s.image}")
+        out += ["", "written: " + ", ".join(self.summary["files"].values())]
+        return "\n".join(out) + "\n"
+
+
+def make_report(con: duckdb.DuckDBPyConnection, job: str, out_dir: Path | str,
+                store: Path | str | None = None) -> Report:
+    """Summarise ``job``, draw its charts and write ``report.md`` and ``report.html`` into
+    ``out_dir`` (created). Charts left there by an earlier report are removed first, so the
+    directory never shows a chart this report did not draw."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    for name in CHART_FILES:
+        (out / name).unlink(missing_ok=True)
+    summary = summarize(con, job)
+    segs, why_not = critical_path_segments(con, job)
+    summary["critical_path"] = ({"available": True, "reason": None, **summarize_path(segs)}
+                                if segs else {"available": False, "reason": why_not})
+    charts: dict[str, str] = {}  # chart -> file name in out
+    if summary["breakdown"]:
+        charts["breakdown"] = "breakdown.png"
+        chart_breakdown(summary, out / charts["breakdown"])
+    if summary["top"]["rows"]:
+        charts["top"] = f"top_{summary['top']['what']}.png"  # top_kernels / top_cpu_ops
+        chart_top(summary, out / charts["top"])
+    if summary["collectives"]["instances"]:
+        charts["collective_skew"] = "collective_skew.png"
+        chart_skew(con, job, summary, out / charts["collective_skew"])
+    if segs:
+        charts["critical_path"] = "critical_path.png"
+        chart_critical_path(segs, job, out / charts["critical_path"])
+    sections = _sections(summary, charts, store)
+    title = f"tracetool report: job {job}"
+    (out / "report.md").write_text(_markdown(title, sections), encoding="utf-8")
+    (out / "report.html").write_text(_html(title, sections), encoding="utf-8")
+    summary["files"] = {**{k: str(out / v) for k, v in charts.items()},
+                        "markdown": str(out / "report.md"), "html": str(out / "report.html")}
+    return Report(summary, sections, out)
+
+
+def _ms(ns: float | None) -> str:
+    return "" if ns is None else f"{ns / 1e6:,.3f}"
+
+
+def _pct(x: float | None) -> str:
+    return "" if x is None else f"{100 * x:.1f}%"
+
+
+def _sections(s: dict[str, Any], charts: dict[str, str], store: Path | str | None
+              ) -> list[Section]:
+    job_lines = [f"Ranks: {', '.join(map(str, s['ranks']))}"
+                 + (f" of world size {s['world_size']}" if s["world_size"] else "")
+                 + (f"; backend {s['backend']}" if s["backend"] else "")]
+    if s["devices"]:
+        job_lines.append(f"Devices: {', '.join(s['devices'])}")
+    if store is not None:
+        job_lines.insert(0, f"Store: {store}")
+    out = [Section("Job", job_lines)]
+
+    steps = Section("Steps (complete ProfilerSteps, ms)")
+    if s["steps"]:
+        steps.tables.append((["rank", "steps", "median", "mean", "min", "max"], [
+            [str(r["rank"]), str(r["n_steps"]), _ms(r["median_ns"]), _ms(r["mean_ns"]),
+             _ms(r["min_ns"]), _ms(r["max_ns"])] for r in s["steps"]]))
+    else:
+        steps.lines.append("No complete ProfilerStep windows: no step statistics or breakdown.")
+    out.append(steps)
+
+    if s["breakdown"]:
+        bd = Section("Step breakdown (mean over steps, ms)", image=charts.get("breakdown"))
+        bd.lines.append("compute + exposed comm + memcpy (not overlapped) + idle = step.")
+        if s["top"]["what"] == "cpu_ops":
+            bd.lines.append("CPU-only job: compute is top-level CPU ops, comm the gloo "
+                            "transfers.")
+        bd.tables.append((["rank", "mean step", "compute", "comm", "overlap", "exposed comm",
+                           "memcpy", "memcpy exposed", "idle"], [
+            [str(r["rank"]), _ms(r["dur_ns"]), _ms(r["compute_ns"]), _ms(r["comm_ns"]),
+             _ms(r["overlap_ns"]), _ms(r["exposed_comm_ns"]), _ms(r["memcpy_ns"]),
+             _ms(r["exposed_memcpy_ns"]), _ms(r["idle_ns"])] for r in s["breakdown"]]))
+        out.append(bd)
+
+    top = s["top"]
+    if top["what"] == "kernels":
+        sec = Section(f"Top {len(top['rows'])} kernels by total time (all ranks)",
+                      image=charts.get("top"))
+        sec.tables.append((["total ms", "share", "count", "mean us", "category", "name"], [
+            [_ms(r["total_ns"]), _pct(r["share"]), str(r["count"]), f"{r['mean_ns'] / 1e3:.1f}",
+             r["category"], _short(r["name"])] for r in top["rows"]]))
+    else:
+        sec = Section(f"Top {len(top['rows'])} CPU ops by self time (all ranks; no GPU "
+                      "kernels in this job)", image=charts.get("top"))
+        sec.tables.append((["self ms", "share", "total ms", "count", "mean us", "name"], [
+            [_ms(r["self_ns"]), _pct(r["share"]), _ms(r["total_ns"]), str(r["count"]),
+             f"{r['mean_ns'] / 1e3:.1f}", _short(r["name"])] for r in top["rows"]]))
+    if not top["rows"]:
+        sec.lines.append("Nothing recorded.")
+    out.append(sec)
+
+    c = s["collectives"]
+    coll = Section("Collectives", image=charts.get("collective_skew"))
+    if c["instances"]:
+        coll.lines.append(f"{c['instances']} collective calls matched across ranks. "
+                          "Wait: how long a rank waited for the last one to arrive.")
+        coll.tables.append((["collective", "instances", "MB", "median transfer ms",
+                             "mean skew ms", "max skew ms", "total wait ms"], [
+            [r["collective"], str(r["instances"]), f"{(r['bytes'] or 0) / 1e6:,.1f}",
+             _ms(r["median_transfer_ns"]), _ms(r["mean_skew_ns"]), _ms(r["max_skew_ns"]),
+             _ms(r["wait_ns"])] for r in c["by_type"]]))
+        coll.tables.append((["rank", "calls", "in collectives ms", "waited ms", "times last"], [
+            [str(r["rank"]), str(r["calls"]), _ms(r["dur_ns"]), _ms(r["wait_ns"]),
+             str(r["times_last"])] for r in c["by_rank"]]))
+    else:
+        coll.lines.append("No collective calls recorded.")
+    out.append(coll)
+
+    cp = s["critical_path"]
+    crit = Section("Critical path", image=charts.get("critical_path"))
+    if cp["available"]:
+        crit.lines.append(f"{cp['segments']} segments, {_ms(cp['dur_ns'])} ms in all.")
+        crit.tables.append((["kind", "ms", "share"], [
+            [k["kind"], _ms(k["dur_ns"]), _pct(k["dur_ns"] / cp["dur_ns"] if cp["dur_ns"]
+                                               else None)] for k in cp["by_kind"]]))
+    else:
+        crit.lines.append(f"Critical path chart unavailable: {cp['reason']}.")
+    out.append(crit)
+    return out
+
+
+def text_table(headers: list[str], body: list[list[str]]) -> list[str]:
+    """Aligned columns: numbers to the right, text to the left."""
+    widths = [max([len(h)] + [len(r[i]) for r in body]) for i, h in enumerate(headers)]
+    right = [all(_numeric(r[i]) for r in body) for i in range(len(headers))]
+
+    def fmt(cells: list[str]) -> str:
+        return "  ".join(c.rjust(w) if r else c.ljust(w)
+                         for c, w, r in zip(cells, widths, right, strict=True)).rstrip()
+
+    return [fmt(headers), fmt(["-" * w for w in widths]), *(fmt(r) for r in body)]
+
+
+def _numeric(text: str) -> bool:
+    """A number as the tables print it (1,234.5, +3.2%, -1.000 ms), or a placeholder for
+    one ('', '-', 'new')."""
+    if text in ("", "-", "new"):
+        return True
+    try:
+        float(text.removesuffix(" ms").rstrip("%").replace(",", ""))
+        return True
+    except ValueError:
+        return False
+
+
+def _md_cell(text: str) -> str:
+    """Text safe in a Markdown table: C++ names hold |, *, _, ` and <...> (read as HTML)."""
+    for ch in "\\|*_`":
+        text = text.replace(ch, "\\" + ch)
+    return text.replace("<", "&lt;")
+
+
+def _markdown(title: str, sections: list[Section]) -> str:
+    out = [f"# {title}", ""]
+    for s in sections:
+        out += [f"## {s.title}", ""]
+        out += [x for line in s.lines for x in (_md_cell(line), "")]
+        for headers, body in s.tables:
+            out += ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+            out += ["| " + " | ".join(_md_cell(c) for c in r) + " |" for r in body]
+            out.append("")
+        if s.image:
+            out += [f"![{s.title}]({s.image})", ""]
+    return "\n".join(out)
+
+
+def _html(title: str, sections: list[Section]) -> str:
+    e = html.escape
+    out = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
+           f"<title>{e(title)}</title>",
+           "<style>body{font-family:sans-serif;max-width:1200px;margin:2em auto;}"
+           "table{border-collapse:collapse;margin:1em 0;font-size:90%;}"
+           "td,th{border:1px solid #ccc;padding:2px 8px;}td{text-align:right;}"
+           "td:last-child{text-align:left;}img{max-width:100%;}</style></head><body>",
+           f"<h1>{e(title)}</h1>"]
+    for s in sections:
+        out.append(f"<h2>{e(s.title)}</h2>")
+        out += [f"<p>{e(line)}</p>" for line in s.lines]
+        for headers, body in s.tables:
+            out.append("<table><tr>" + "".join(f"<th>{e(h)}</th>" for h in headers) + "</tr>")
+            out += ["<tr>" + "".join(f"<td>{e(c)}</td>" for c in r) + "</tr>" for r in body]
+            out.append("</table>")
+        if s.image:
+            out.append(f'<p><img src="{e(s.image)}" alt="{e(s.title)}"></p>')
+    out.append("</body></html>")
+    return "\n".join(out) + "\n"
+
+
+def to_json(summary: dict[str, Any]) -> str:
+    """The summary as one line of JSON."""
+    return json.dumps(summary, default=str)

@@ -1,0 +1,81 @@
+"""``tracetool diff``: what changed between two stores, and regression gates on it."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sys
+from pathlib import Path
+
+import click
+import duckdb
+
+from tracetool.analysis.diff import (
+    MetricUnavailable,
+    Threshold,
+    check,
+    diff_jobs,
+    render_text,
+)
+from tracetool.analysis.report import StoreError, first_line, open_job
+
+
+@click.command("diff", short_help="Compare two stores: per-op and per-kernel changes, "
+                                       "regression gates.")
+@click.argument("store_a", type=click.Path(path_type=Path))
+@click.argument("store_b", type=click.Path(path_type=Path))
+@click.option("--job-a", help="Job of STORE_A (needed when it holds several).")
+@click.option("--job-b", help="Job of STORE_B (needed when it holds several).")
+@click.option("--fail-if", "fail_if", multiple=True, metavar="EXPR",
+              help="Exit 1 when B's metric moved past a threshold from A's: step_time, "
+                   "kernel_time or comm_time, then > or <, then a change like +5% or an "
+                   "absolute one like +2ms. Repeat for several.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
+@click.option("--top", type=click.IntRange(min=0), default=20, show_default=True,
+              help="Rows of each per-name table (0: all).")
+def diff_command(store_a: Path, store_b: Path, job_a: str | None, job_b: str | None,
+                 fail_if: tuple[str, ...], as_json: bool, top: int) -> None:
+    """Compare job A (STORE_A, the baseline) with job B (STORE_B): per CPU op and per GPU
+    kernel/copy, the change of count, total and mean time (largest change of total time
+    first), and three per-step metrics, medians over the (rank, step) pairs of complete
+    ProfilerSteps:
+
+    \b
+      step_time    step duration (CPU start to the end of its GPU work)
+      kernel_time  compute-kernel time launched in the step (comm kernels excluded)
+      comm_time    time with communication running in the step
+
+    Exit code 0, or 1 when a --fail-if threshold is crossed (each printed on stderr) or a
+    store cannot be read; 2 for a malformed --fail-if expression."""
+    try:
+        thresholds = [Threshold.parse(t) for t in fail_if]
+    except ValueError as err:
+        click.echo(f"tracetool: error: {err}", err=True)
+        sys.exit(2)
+    # Connections are closed here rather than left to garbage collection: one that lingers
+    # in a reference cycle crashes forked processes (ingest's workers) that collect it.
+    with contextlib.ExitStack() as stack:
+        try:
+            con_a, job_a = open_job(store_a, job_a)
+            stack.callback(con_a.close)
+            con_b, job_b = open_job(store_b, job_b)
+            stack.callback(con_b.close)
+            result = diff_jobs(con_a, job_a, con_b, job_b, top=top or None)
+            result["a"]["store"], result["b"]["store"] = str(store_a), str(store_b)
+            checks = check(result, thresholds)
+        except (StoreError, MetricUnavailable) as err:
+            _fail(str(err))
+        except duckdb.Error as err:
+            _fail(first_line(err))
+    result["checks"] = checks
+    click.echo(json.dumps(result) if as_json else render_text(result, checks), nl=as_json)
+    crossed = [c for c in checks if c["crossed"]]
+    for c in crossed:
+        click.echo(f"tracetool: fail-if crossed: {c['expr']}: {c['message']}", err=True)
+    sys.exit(1 if crossed else 0)
+
+
+def _fail(message: str) -> None:
+    click.echo(f"tracetool: error: {message}", err=True)
+    sys.exit(1)
+

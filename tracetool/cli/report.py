@@ -1,0 +1,46 @@
+"""``tracetool report``: a job's summary in the terminal, plus Markdown and HTML with charts."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+import duckdb
+
+from tracetool.analysis.report import StoreError, first_line, make_report, open_job, to_json
+
+
+@click.command("report", short_help="Summarise a job: text or JSON, plus Markdown and "
+                                           "HTML with charts.")
+@click.argument("store", type=click.Path(path_type=Path))
+@click.option("--out", type=click.Path(path_type=Path, file_okay=False),
+              default=Path("tracetool-report"), show_default=True,
+              help="Directory for report.md, report.html and the PNG charts (created).")
+@click.option("--job", help="Job to report on (needed when the store holds several).")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print the summary as one JSON object instead of text.")
+def report_command(store: Path, out: Path, job: str | None, as_json: bool) -> None:
+    """Summarise one job of STORE: step times per rank, where a step goes (compute, exposed
+    communication, memcpy, idle), the top kernels (top CPU ops for a CPU-only job), the
+    collectives and how long ranks waited at them, and the critical path when
+    tracetool.analysis.critical_path can compute it.
+
+    Exit code 0 on success, 1 when the store or job cannot be read (one line on stderr)."""
+    try:
+        con, job = open_job(store, job)
+    except StoreError as err:
+        _fail(str(err))
+    # Closed here rather than left to garbage collection: a DuckDB connection that lingers
+    # in a reference cycle crashes forked processes (ingest's workers) that collect it.
+    with con:
+        try:
+            report = make_report(con, job, out, store=store)
+        except (duckdb.Error, OSError) as err:
+            _fail(f"{store}: {first_line(err)}")
+    click.echo(to_json(report.summary) if as_json else report.text(), nl=as_json)
+
+
+def _fail(message: str) -> None:
+    click.echo(f"tracetool: error: {message}", err=True)
+    sys.exit(1)
