@@ -60,10 +60,12 @@ points AS (  -- a sweep line: +w where an interval starts, -w where it ends; w p
              -- in its own 16-bit counter, so one running sum tracks all four
     SELECT jh, rank, step, s_ns AS t, 1 AS d, w FROM si
     UNION ALL SELECT jh, rank, step, e_ns AS t, -1 AS d, w FROM si),
-running AS (
+running AS (  -- one running sum over all steps in order: each step's +w and -w cancel,
+              -- so the counters are back at 0 where the next step begins (and the last
+              -- point of a step, whose seg would reach into the next one, counts nothing)
     SELECT jh, rank, step, sum(d * w) OVER win AS packed,
            coalesce(lead(t) OVER win, t) - t AS seg  -- until the next point
-    FROM points WINDOW win AS (PARTITION BY jh, rank, step ORDER BY t, d
+    FROM points WINDOW win AS (ORDER BY jh, rank, step, t, d
                                ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW)),
 sweep AS (
     SELECT jh, rank, step, seg, packed & 65535 AS n_compute,
