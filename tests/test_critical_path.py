@@ -322,3 +322,39 @@ def test_two_rank_fixture_exact_segments(tmp_path: Path) -> None:
     by_rank = dict(critical_path_summary(con, "j", 1, by="rank").query(
         "s", "SELECT rank, dur_ns FROM s").fetchall())
     assert by_rank == {0: 100_000, 1: 100_000}
+
+
+def test_critical_path_cli_json_and_chrome_trace(tmp_path: Path) -> None:
+    """The CLI on the sample gloo job: per-step summary adding up to the step window, and a
+    Chrome trace that is valid JSON with every segment and a flow arrow between each pair."""
+    import json
+    import subprocess
+    import sys
+
+    from tests._util import SAMPLES
+
+    store = tmp_path / "store"
+    r = subprocess.run([sys.executable, "-m", "tracetool", "ingest", str(SAMPLES), "--store",
+                        str(store)], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    out = tmp_path / "path.json"
+    r = subprocess.run([sys.executable, "-m", "tracetool", "critical-path", str(store),
+                        "--json", "--chrome-trace", str(out)],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    rep = json.loads(r.stdout)
+    assert [s["step"] for s in rep["steps"]] == [2, 3, 4]
+    for s in rep["steps"]:
+        assert sum(s["by_kind"].values()) == s["dur_ns"] == sum(s["by_rank"].values())
+    doc = json.loads(out.read_text())
+    evs = doc["traceEvents"]
+    segs = [e for e in evs if e.get("cat") == "critical_path" and e["ph"] == "X"]
+    assert len(segs) == sum(s["segments"] for s in rep["steps"])
+    starts = [e for e in evs if e["ph"] == "s"]
+    assert len(starts) == len(segs) - len(rep["steps"])  # one arrow between neighbours
+    assert {e["pid"] for e in segs} <= {0, 1}
+    assert rep["chrome_trace"]["events"] == len(evs)
+    # bad input: one line, exit 1
+    r = subprocess.run([sys.executable, "-m", "tracetool", "critical-path", str(store),
+                        "--step", "99"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 1 and r.stderr.count("\n") == 1 and "ProfilerStep#99" in r.stderr

@@ -6,6 +6,7 @@ import click
 
 from tracetool import __version__
 
+from .critical_path import critical_path_command
 from .diff import diff_command
 from .ingest import ingest_command
 from .report import report_command
@@ -22,6 +23,7 @@ cli.add_command(ingest_command)
 cli.add_command(sql_command)
 cli.add_command(report_command)
 cli.add_command(diff_command)
+cli.add_command(critical_path_command)
 
 
 def main() -> None:
