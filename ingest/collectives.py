@@ -155,6 +155,8 @@ def build(con: duckdb.DuckDBPyConnection, out: Path, pg_ranks: dict[str, list[in
                                  "gloo" if span else "cpu")
             _size_from_dims(row, sa, a)
             rows.append(row)
+    if not rows:  # no CPU-side record of the calls (2021 traces): one row per comm kernel
+        rows = [_row_from_kernel(k, pg_ranks) for k in kernels]
     # call index per process group, and sizes in bytes
     counters: dict[str | None, int] = {}
     for row in rows:
@@ -250,6 +252,37 @@ def _row_from_args(
         "kernel_stream": k["stream"] if k else None,
         "gloo_eid": span["eid"] if span else None,
         "ts_ns": ts, "end_ns": end, "dur_ns": None if end is None else end - ts,
+    }
+
+
+KERNEL_COLLECTIVE = (("allreduce", "allreduce"), ("all_reduce", "allreduce"),
+                     ("allgather", "allgather"), ("all_gather", "allgather"),
+                     ("reducescatter", "reduce_scatter"), ("reduce_scatter", "reduce_scatter"),
+                     ("alltoall", "all_to_all"), ("sendrecv", "sendrecv"),
+                     ("broadcast", "broadcast"), ("reduce", "reduce"))
+KERNEL_DTYPE = (("_f32", "float"), ("_float", "float"), ("_f16", "half"), ("_half", "half"),
+                ("_bf16", "bfloat16"), ("_f64", "double"), ("_double", "double"),
+                ("_i32", "int"), ("_int32", "int"), ("_i64", "long"), ("_int64", "long"),
+                ("_i8", "char"), ("_int8", "char"), ("_u8", "byte"), ("_uint8", "byte"))
+
+
+def _row_from_kernel(k: dict, pg_ranks: dict[str, list[int]]) -> dict:
+    """A collective known only from its NCCL kernel: the op and dtype from the kernel's name
+    (NCCL 2.7-2.18 names carry them; they are hints, not what ran), sizes unknown."""
+    fn = k["name"].split("(", 1)[0].lower()
+    coll = next((c for key, c in KERNEL_COLLECTIVE if key in fn), None)
+    dtype = next((d for key, d in KERNEL_DTYPE if fn.endswith(key) or key + "_" in fn), None)
+    pg = "0" if "0" in pg_ranks else None
+    return {
+        "eid": k["eid"], "collective": coll, "backend": "nccl", "pg_name": pg,
+        "pg_desc": None, "group_size": None, "group_ranks": pg_ranks.get("0"),
+        "group_ranks_truncated": False, "seq": None, "comms_id": None, "dtype": dtype,
+        "in_nelems": None, "out_nelems": None, "in_split_sizes": None,
+        "out_split_sizes": None, "peer_rank": None, "cpu_ts_ns": k["launch_ts_ns"]
+        if k["launch_ts_ns"] is not None else k["ts_ns"], "cpu_dur_ns": None,
+        "cpu_tid": k["launch_tid"], "kernel_eid": k["eid"], "kernel_name": k["name"],
+        "kernel_stream": k["stream"], "gloo_eid": None, "ts_ns": k["ts_ns"],
+        "end_ns": k["end_ns"], "dur_ns": k["end_ns"] - k["ts_ns"],
     }
 
 

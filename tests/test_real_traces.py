@@ -35,6 +35,7 @@ GPU_OP_CATS = {"kernel": "kernel", "Kernel": "kernel", "gpu_memcpy": "memcpy",
 # Runtime/driver calls that launch GPU work ("Runtime" is the 2021 name of cuda_runtime).
 LAUNCH_CATS = frozenset({"cuda_runtime", "cuda_driver", "Runtime"})
 NOT_COLLECTIVES = frozenset({"wait", "monitored_barrier"})
+COMM_KERNEL = re.compile(r"^nccl|rccl|multimem|all_?reduce.*kernel", re.IGNORECASE)
 COLLECTIVE_KEYS = frozenset({"Collective name", "Comms Id", "In msg nelems", "In msg size",
                              "Process Group Name", "Process Group ID", "Seq", "dtype"})
 STEP_NAME = re.compile(r"ProfilerStep#(\d+)")
@@ -111,6 +112,7 @@ class RawTrace:
     counter_rows: list[tuple] = field(default_factory=list)
     n_kernels: int = 0
     steps: set[int] = field(default_factory=set)  # ProfilerStep#N on the CPU (see below)
+    n_comm_kernels: int = 0  # kernels named like NCCL/RCCL communication
     steps_legacy: set[int] = field(default_factory=set)  # ProfilerStep#N, cat Operator
     rpc_collectives: Counter = field(default_factory=Counter)
     n_record_param_comms: int = 0
@@ -152,6 +154,8 @@ def summarize(path: Path, rel_path: str) -> RawTrace:
             args = e.get("args") if isinstance(e.get("args"), dict) else {}
             if cat in ("kernel", "Kernel"):
                 t.n_kernels += 1
+                if COMM_KERNEL.search(name or "") or "Collective name" in args:
+                    t.n_comm_kernels += 1
             if cat in GPU_OP_CATS:
                 t.gpu_ops[k] = (GPU_OP_CATS[cat], args.get("correlation"))
             if cat in LAUNCH_CATS and args.get("correlation") is not None:
@@ -421,10 +425,11 @@ def test_exact_counts(kineto_file: str, raw: dict[str, RawTrace], corpus: Corpus
         "collectives": one(f"SELECT count(*) FROM {pq(part, 'collectives')}"),
     }
     colls = t.rpc_collectives if t.n_record_param_comms else t.c10d_collectives
+    from_kernels = not sum(colls.values())  # neither: one collective per comm kernel
     want = {
         "events": t.n_events, "flows": t.n_flows, "metadata_events": t.n_meta,
         "counter events": t.n_counter_events, "kernels": t.n_kernels, "steps": len(t.steps),
-        "collectives": sum(colls.values()),
+        "collectives": t.n_comm_kernels if from_kernels else sum(colls.values()),
     }
     assert got == want
 
@@ -443,8 +448,12 @@ def test_exact_counts(kineto_file: str, raw: dict[str, RawTrace], corpus: Corpus
     assert counters == sorted(t.counter_rows, key=lambda r: (r[0], r[2]))
     steps = duck.execute(f"SELECT step FROM {pq(part, 'steps')}").fetchnumpy()["step"]
     assert set(steps.tolist()) == t.steps
-    names = duck.execute(f"SELECT collective FROM {pq(part, 'collectives')}").fetchall()
-    assert Counter(n for (n,) in names) == colls
+    names = duck.execute(f"SELECT collective, kernel_name FROM {pq(part, 'collectives')}"
+                         ).fetchall()
+    if from_kernels:  # the op comes from the NCCL kernel's name: it must be named in there
+        assert all(n and n.replace("_", "") in k.lower().replace("_", "") for n, k in names)
+    else:
+        assert Counter(n for n, _ in names) == colls
 
 
 def first_event_difference(t: RawTrace, rows: list[tuple]) -> str:

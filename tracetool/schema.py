@@ -282,7 +282,7 @@ COLLECTIVES = Table(
     "process group, how big, and the kernel (NCCL/RCCL) or gloo span that did the transfer.",
     (
         _c("eid", I64, "eid of the CPU event that describes the call (record_param_comms, "
-           "else the c10d:: op)."),
+           "else the c10d:: op; in traces with neither, the NCCL kernel itself)."),
         _c("collective", STR, "Collective name as PyTorch records it (allreduce, allgather, "
            "_allgather_base, reduce_scatter_tensor_coalesced, broadcast, send, recv, "
            "all_to_allv, ...)."),
