@@ -21,9 +21,12 @@ def tracetool(*args: str | Path) -> subprocess.CompletedProcess:
 def test_version_and_help() -> None:
     r = tracetool("--version")
     assert r.returncode == 0 and r.stdout.strip() == f"tracetool, version {__version__}"
-    for cmd in ([], ["ingest"]):
+    top = tracetool("--help").stdout
+    for cmd in ([], ["ingest"], ["sql"], ["report"], ["critical-path"], ["diff"]):
         r = tracetool(*cmd, "--help")
         assert r.returncode == 0 and "Usage:" in r.stdout
+        assert not cmd or cmd[0] in top
+        assert not cmd or "--json" in r.stdout  # every command has machine-readable output
     assert "--strict" in tracetool("ingest", "--help").stdout
 
 
