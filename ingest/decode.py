@@ -58,7 +58,6 @@ class PieceResult:
     tail_fragment: bytes = b""  # last piece only: the event the file's end cut
     trailer: bytes | None = None
     array_closed: bool = False
-    truncated: bool = False
     has_fraction: bool = False
     max_abs_ts_us: float = 0.0
 
@@ -340,8 +339,6 @@ def decode_piece(text: bytes, base_offset: int, is_first: bool, is_last: bool,
         else:
             res.tail_fragment = lenient.tail
         res.trailer, res.array_closed = lenient.trailer, lenient.closed
-        if is_last and not lenient.closed:
-            res.truncated = True
         def texts() -> tuple[list, list] | None:
             return (lenient.ts_texts, lenient.dur_texts) if lenient.long_ts else None
     tables, problems, res.has_fraction, res.max_abs_ts_us = build_tables(

@@ -78,5 +78,3 @@ class LooseEvent(msgspec.Struct, gc=False):
     s: object = None
     args: msgspec.Raw = EMPTY_RAW
 
-
-ARG_KEY_FIELDS = tuple(f for f in ArgKeys.__struct_fields__)

@@ -17,8 +17,6 @@ import pyarrow.parquet as pq
 
 from tracetool.schema import EVENTS
 
-DENSE = ("depth", "parent", "overlap", "track")
-
 
 @dataclass(frozen=True)
 class FinishJob:
