@@ -58,7 +58,7 @@ def open_job(store: Path | str, job: str | None = None
         connect(path, con)
         jobs = [r[0] for r in con.execute(
             "SELECT DISTINCT job FROM trace_files ORDER BY job").fetchall()]
-    except duckdb.Error as err:
+    except (duckdb.Error, OSError) as err:
         con.close()  # now, not when a reference cycle is collected (see tracetool.cli.report)
         raise StoreError(f"{store}: cannot read the store: {first_line(err)}") from None
     problem = None

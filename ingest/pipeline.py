@@ -72,6 +72,7 @@ def ingest(
         raise UsageProblem("--rank applies to a single trace file, but several were given")
     opts = replace(opts, job=job)
     store = Store(opts.store)
+    store.check_format()
     stored = store.stored_files()
     workers = Workers(opts.workers or os.cpu_count() or 1)
     small = [f for f in files if _size(f) <= opts.piece_bytes]

@@ -7,6 +7,8 @@ either the old partition or the new one, never a mix.
 
 from __future__ import annotations
 
+import json
+import os
 import re
 import shutil
 import uuid
@@ -14,6 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow.parquet as pq
+
+from tracetool.store_views import STORE_FORMAT, check_format
 
 JOB_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]*$")
 
@@ -33,6 +37,18 @@ class Store:
         self.root = Path(root)
         self.data = self.root / "data"
         self.tmp = self.root / ".tmp"
+
+    def check_format(self) -> None:
+        """A store with data must be of this tracetool's format (StoreFormatError)."""
+        if self.data.is_dir():
+            check_format(self.root)
+
+    def _write_format(self) -> None:
+        f = self.root / "format.json"
+        if not f.exists():
+            tmp = self.root / f".format.json.{uuid.uuid4().hex}"
+            tmp.write_text(json.dumps({"format": STORE_FORMAT}) + "\n")
+            os.replace(tmp, f)
 
     def partition(self, job: str, rank: int) -> Path:
         return self.data / f"job={job}" / f"rank={rank}"
@@ -56,6 +72,7 @@ class Store:
 
     def commit(self, job: str, rank: int, built: Path) -> None:
         """Move a fully written partition into place, replacing any old one."""
+        self._write_format()
         target = self.partition(job, rank)
         target.parent.mkdir(parents=True, exist_ok=True)
         trash = None

@@ -107,3 +107,18 @@ def test_progress_bar_only_on_a_terminal(tmp_path: Path) -> None:
     tty_err = b"".join(chunks).decode("utf-8", "replace")
     assert p.returncode == 0
     assert "rank0.pt.trace.json.gz" in tty_err  # the progress bar's label
+
+
+def test_store_of_another_format_is_refused(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    assert tracetool("ingest", SAMPLES, "--store", store).returncode == 0
+    assert json.loads((store / "format.json").read_text()) == {"format": 1}
+    (store / "format.json").write_text('{"format": 0}')
+    for args in (["sql", store, "SELECT 1"], ["ingest", SAMPLES, "--store", store, "--force"],
+                 ["report", store, "--out", tmp_path / "r"], ["critical-path", store]):
+        r = tracetool(*args)
+        assert r.returncode == 1, args
+        assert r.stderr.count("\n") == 1 and "store format 0" in r.stderr, (args, r.stderr)
+    (store / "format.json").unlink()
+    r = tracetool("sql", store, "SELECT 1")
+    assert r.returncode == 1 and "from before format.json" in r.stderr

@@ -10,6 +10,7 @@ from pathlib import Path
 import click
 
 from tracetool.ingest.pipeline import FileResult, Options, UsageProblem, ingest
+from tracetool.store_views import StoreFormatError
 
 
 @click.command("ingest")
@@ -58,6 +59,9 @@ def ingest_command(paths: tuple[Path, ...], store: Path, job: str | None, rank: 
         ingest(list(paths), opts, on_result=report, progress_factory=bars)
     except UsageProblem as err:
         raise click.UsageError(str(err)) from None
+    except StoreFormatError as err:
+        click.echo(f"tracetool: error: {err}", err=True)
+        sys.exit(1)
     sys.exit(1 if failed else 0)
 
 

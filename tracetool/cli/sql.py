@@ -47,7 +47,7 @@ def sql_command(store: Path, query: str | None, fmt: str, output: Path | None, a
             rel.write_parquet(str(output))
             return
         text = _render(rel, fmt)
-    except (duckdb.Error, FileNotFoundError) as err:
+    except (duckdb.Error, OSError) as err:
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         click.echo(f"tracetool: error: {first}", err=True)
         sys.exit(1)
