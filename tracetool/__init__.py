@@ -1,10 +1,20 @@
 """tracetool: ingest, analyse and replay PyTorch profiler (Kineto) traces."""
 
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import duckdb
+
 __version__ = "0.1.0"
 
 
-def connect(store, con=None):  # noqa: ANN001, ANN201 - re-exported, typed in analysis.connect
-    """A DuckDB connection over a trace store with every table and analysis view."""
+def connect(store: Path | str, con: duckdb.DuckDBPyConnection | None = None
+            ) -> duckdb.DuckDBPyConnection:
+    """A DuckDB connection over a trace store with every table and analysis view
+    (imported lazily so that ``import tracetool`` stays light)."""
     from tracetool.analysis.connect import connect as _connect
 
     return _connect(store, con)
