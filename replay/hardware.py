@@ -1,0 +1,62 @@
+"""The GPU catalog the replayer projects onto: peak rates and achievable fractions.
+
+One TOML file per GPU in ``replay/gpus/`` (peak dense TFLOPS per dtype, HBM and scale-up
+bandwidth per direction, the fractions of peak tuned kernels reach, and where the numbers come
+from). The source GPU of a trace is found from its ``deviceProperties`` names.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass, field
+from importlib import resources
+
+DTYPES = ("fp16", "bf16", "tf32", "fp32", "fp8")
+
+
+@dataclass(frozen=True)
+class Gpu:
+    key: str  # file stem: v100, a100, ...
+    name: str
+    vendor: str
+    match: tuple[str, ...]
+    tflops: dict[str, float]  # dense peak per dtype; 0 = no such units
+    hbm_gbps: float
+    scale_up_gbps: float  # per direction
+    achievable: dict[str, float] = field(default_factory=dict)  # compute, memory, scale_up
+    source: str = ""
+
+    def peak_tflops(self, dtype: str) -> float:
+        """Peak for ``dtype``, falling back to the widest type the GPU does have units for
+        (V100 runs BF16 work at FP32 rates)."""
+        for d in (dtype, "fp32"):
+            if self.tflops.get(d, 0.0) > 0:
+                return self.tflops[d]
+        raise ValueError(f"{self.key}: no peak rate for {dtype}")
+
+
+def _load(key: str, text: str) -> Gpu:
+    doc = tomllib.loads(text)
+    peak = doc["peak"]
+    tflops = {d: float(peak.get(f"{d}_tflops", 0.0)) for d in DTYPES}
+    return Gpu(key=key, name=doc["name"], vendor=doc["vendor"], match=tuple(doc["match"]),
+               tflops=tflops, hbm_gbps=float(peak["hbm_gbps"]),
+               scale_up_gbps=float(peak["scale_up_gbps"]),
+               achievable={k: float(v) for k, v in doc["achievable"].items()},
+               source=doc.get("source", {}).get("text", ""))
+
+
+def catalog() -> dict[str, Gpu]:
+    """Every GPU of the catalog, by key."""
+    d = resources.files("tracetool.replay").joinpath("gpus")
+    return {f.name[:-5]: _load(f.name[:-5], f.read_text())
+            for f in sorted(d.iterdir(), key=lambda f: f.name) if f.name.endswith(".toml")}
+
+
+def find_gpu(device_name: str, gpus: dict[str, Gpu] | None = None) -> Gpu | None:
+    """The catalog GPU a ``deviceProperties`` name denotes, or None when it names none (or
+    several: the longest match wins, so 'MI300X VF' is an MI300X and 'H200' not an H100)."""
+    gpus = gpus if gpus is not None else catalog()
+    name = device_name.lower()
+    hits = [(len(m), g) for g in gpus.values() for m in g.match if m.lower() in name]
+    return max(hits, key=lambda h: h[0])[1] if hits else None
