@@ -1,0 +1,216 @@
+"""Network topologies and NCCL-style collective cost (alpha-beta per step).
+
+A topology is GPUs grouped into nodes, and optionally nodes into datacenters: ranks
+``[k * gpus_per_node, (k + 1) * gpus_per_node)`` share node k, ranks
+``[k * ranks_per_dc, (k + 1) * ranks_per_dc)`` share datacenter k. Bandwidths are per GPU and per
+direction, in bytes/s; latencies in seconds. Spec values carry units: ``400Gbit/s``,
+``50GB/s``, ``5us``, ``10ms``.
+
+Costs follow NCCL's tuning model (shared/docs/replay-models.md section 2): a collective is a
+sequence of steps, each costing a per-step latency on the slowest link it crosses plus its
+bytes over that link's bandwidth; NCCL picks the cheapest algorithm and protocol, so this
+does too: ring (flat, bottlenecked by the slowest link), hierarchical (reduce-scatter within
+nodes, the collective across nodes on 1/ppn of the data, all-gather within nodes, and the same
+again across datacenters), each with the LL protocol (low latency, half bandwidth) and Simple.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import tomllib
+from dataclasses import dataclass, fields, replace
+
+# NCCL constants, us (shared/docs/replay-models.md section 2): base latency and per-step
+# latency by link, for the LL and Simple protocols; LL moves data at half the bandwidth.
+BASE_US = {"ll": 6.6, "simple": 8.4}
+STEP_US = {"nvlink": {"ll": 0.6, "simple": 3.4}, "net": {"ll": 2.7, "simple": 14.0}}
+LL_BANDWIDTH = 0.5
+
+_BW_UNITS = {"b/s": 1, "bps": 1 / 8, "bit/s": 1 / 8, "kb/s": 1e3, "kbit/s": 1e3 / 8,
+             "mb/s": 1e6, "mbit/s": 1e6 / 8, "mbps": 1e6 / 8, "gb/s": 1e9, "gbit/s": 1e9 / 8,
+             "gbps": 1e9 / 8, "tb/s": 1e12, "tbit/s": 1e12 / 8}
+_TIME_UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "ns": 1e-9}
+_NUM = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:e[-+]?\d+)?)\s*([a-zµ/]*)\s*$", re.IGNORECASE)
+
+
+def parse_bandwidth(text: str | float) -> float:
+    """'400Gbit/s', '50GB/s', '25Gbps', 'inf' -> bytes/s ('b' is bits only in bit/bps)."""
+    if isinstance(text, int | float):
+        return float(text)
+    if text.strip().lower() in ("inf", "infinite"):
+        return math.inf
+    m = _NUM.match(text)
+    unit = m.group(2).lower() if m else ""
+    if not m or unit not in _BW_UNITS:
+        raise ValueError(f"bad bandwidth {text!r}: use a number and a unit like 400Gbit/s, "
+                         "50GB/s or 25Gbps")
+    return float(m.group(1)) * _BW_UNITS[unit]
+
+
+def parse_time(text: str | float) -> float:
+    """'5us', '10ms', '936ns', '0' -> seconds."""
+    if isinstance(text, int | float):
+        return float(text)
+    m = _NUM.match(text)
+    unit = (m.group(2).lower() or "s") if m else ""
+    if not m or unit not in _TIME_UNITS:
+        raise ValueError(f"bad time {text!r}: use a number and a unit like 5us or 10ms")
+    return float(m.group(1)) * _TIME_UNITS[unit]
+
+
+@dataclass(frozen=True)
+class Network:
+    gpus_per_node: int = 8
+    intra_node_bw: float = 300e9  # per GPU per direction (NVLink3-class)
+    intra_node_latency: float = 0.0  # extra per-step latency on top of NCCL's
+    inter_node_bw: float = 25e9  # per GPU per direction (200 Gbit/s NIC per GPU)
+    inter_node_latency: float = 0.0
+    ranks_per_dc: int | None = None  # None: one datacenter
+    dc_bw: float | None = None  # per GPU per direction across datacenters
+    dc_latency: float = 0.0  # one-way, added to every step that crosses datacenters
+
+    def level(self, a: int, b: int) -> str:
+        """The slowest link between ranks a and b: 'intra', 'inter' or 'dc'."""
+        if self.ranks_per_dc and a // self.ranks_per_dc != b // self.ranks_per_dc:
+            return "dc"
+        return "intra" if a // self.gpus_per_node == b // self.gpus_per_node else "inter"
+
+    def link(self, level: str, proto: str) -> tuple[float, float]:
+        """(per-step latency s, bandwidth bytes/s) of a link level for a protocol."""
+        if level == "intra":
+            return STEP_US["nvlink"][proto] * 1e-6 + self.intra_node_latency, self.intra_node_bw
+        lat = STEP_US["net"][proto] * 1e-6 + self.inter_node_latency
+        if level == "inter":
+            return lat, self.inter_node_bw
+        bw = self.dc_bw if self.dc_bw is not None else self.inter_node_bw
+        return lat + self.dc_latency, bw
+
+
+_SPEC_KEYS = {f.name for f in fields(Network)}
+
+
+def parse_network(spec: str, base: Network | None = None) -> Network:
+    """A topology from TOML text or an inline 'key=value,key=value' spec (unset keys keep
+    ``base``'s values)."""
+    base = base or Network()
+    text = spec.strip()
+    try:
+        items = tomllib.loads(text) if "\n" in text or text.startswith("[") else None
+    except tomllib.TOMLDecodeError as err:
+        raise ValueError(f"bad network file: {err}") from None
+    if items is None:
+        items = {}
+        for part in filter(None, (p.strip() for p in text.split(","))):
+            key, sep, value = part.partition("=")
+            if not sep:
+                raise ValueError(f"bad network setting {part!r}: use key=value")
+            items[key.strip()] = value.strip()
+    unknown = set(items) - _SPEC_KEYS
+    if unknown:
+        raise ValueError(f"unknown network setting(s) {sorted(unknown)}; known: "
+                         f"{sorted(_SPEC_KEYS)}")
+    values: dict[str, object] = {}
+    for key, value in items.items():
+        if key in ("gpus_per_node", "ranks_per_dc"):
+            n = int(value)
+            if n < 1:
+                raise ValueError(f"{key} must be >= 1, got {value!r}")
+            values[key] = n
+        elif key.endswith("_bw"):
+            values[key] = parse_bandwidth(value)
+        else:
+            values[key] = parse_time(value)
+    return replace(base, **values)
+
+
+def _steps_time(steps: int, bytes_per_step: float, lat: float, bw: float) -> float:
+    return steps * (lat + (bytes_per_step / bw if bw != math.inf else 0.0))
+
+
+def _ring(net: Network, kind: str, nbytes: float, ranks: list[int], proto: str) -> float:
+    """Flat ring over all ranks: every step is paced by the slowest link of the ring."""
+    n = len(ranks)
+    level = max((net.level(a, b) for a, b in zip(ranks, ranks[1:] + ranks[:1], strict=True)),
+                key=("intra", "inter", "dc").index)
+    lat, bw = net.link(level, proto)
+    bw *= LL_BANDWIDTH if proto == "ll" else 1.0
+    chunk = nbytes / n
+    if kind == "allreduce":
+        return _steps_time(2 * (n - 1), chunk, lat, bw)
+    if kind in ("allgather", "reduce_scatter", "all_to_all"):
+        return _steps_time(n - 1, chunk, lat, bw)
+    if kind in ("broadcast", "reduce"):  # pipelined: n - 1 hops of latency, S once
+        return (n - 1) * lat + (nbytes / bw if bw != math.inf else 0.0)
+    raise ValueError(f"unknown collective {kind!r}")
+
+
+def _groups(ranks: list[int], key) -> list[list[int]]:  # noqa: ANN001
+    out: dict[int, list[int]] = {}
+    for r in ranks:
+        out.setdefault(key(r), []).append(r)
+    return list(out.values())
+
+
+def _hierarchical(net: Network, kind: str, nbytes: float, ranks: list[int], proto: str
+                  ) -> float:
+    """Reduce-scatter inside each node, the collective across nodes on each GPU's 1/ppn share
+    (in parallel, one ring per local index), all-gather inside the node; across datacenters
+    the inner step recurses with datacenters as the outer level."""
+    nodes = _groups(ranks, lambda r: r // net.gpus_per_node)
+    ppn = max(len(g) for g in nodes)
+    if len(nodes) == 1 or ppn == 1 or kind not in ("allreduce", "allgather",
+                                                   "reduce_scatter"):
+        return _ring(net, kind, nbytes, ranks, proto)
+    local = nodes[0]
+    leaders = [g[0] for g in nodes]  # one GPU per node; the others run the same ring alongside
+    inner = _ring(net, kind, nbytes / ppn, leaders, proto)
+    if kind == "allreduce":
+        return (_ring(net, "reduce_scatter", nbytes, local, proto) + inner
+                + _ring(net, "allgather", nbytes, local, proto))
+    if kind == "allgather":
+        return inner + _ring(net, "allgather", nbytes, local, proto)
+    return _ring(net, "reduce_scatter", nbytes, local, proto) + inner
+
+
+def collective_time(net: Network, kind: str, nbytes: float, ranks: list[int]) -> float:
+    """Seconds for one collective of ``nbytes`` (nccl-tests' S: the reduced buffer, or the
+    gathered output) over global ``ranks``, the cheapest algorithm and protocol.
+
+    kind: allreduce, allgather, reduce_scatter, all_to_all, broadcast, reduce, send, recv."""
+    kind = _KIND_ALIASES.get(kind.lower(), kind.lower())
+    ranks = sorted(set(ranks))
+    if len(ranks) < 2 or nbytes <= 0:
+        return 0.0
+    if kind in ("send", "recv", "sendrecv"):
+        a, b = ranks[0], ranks[-1]
+        return min(BASE_US[p] * 1e-6 + _steps_time(
+            1, nbytes, *_ll(net.link(net.level(a, b), p), p)) for p in BASE_US)
+    if kind == "all_to_all":  # every pair exchanges S/n; the slowest pairs set the pace
+        return min(BASE_US[p] * 1e-6 + _all_to_all(net, nbytes, ranks, p) for p in BASE_US)
+    return min(BASE_US[p] * 1e-6 + algo(net, kind, nbytes, ranks, p)
+               for p in BASE_US for algo in (_ring, _hierarchical))
+
+
+def _ll(link: tuple[float, float], proto: str) -> tuple[float, float]:
+    lat, bw = link
+    return lat, bw * (LL_BANDWIDTH if proto == "ll" else 1.0)
+
+
+def _all_to_all(net: Network, nbytes: float, ranks: list[int], proto: str) -> float:
+    n = len(ranks)
+    per_pair = nbytes / n
+    src = ranks[0]
+    total = 0.0
+    for level in ("intra", "inter", "dc"):
+        peers = sum(1 for r in ranks if r != src and net.level(src, r) == level)
+        if peers:
+            lat, bw = _ll(net.link(level, proto), proto)
+            total = max(total, peers * lat + (peers * per_pair / bw if bw != math.inf else 0))
+    return total
+
+
+_KIND_ALIASES = {"all_reduce": "allreduce", "all_gather": "allgather",
+                 "_allgather_base": "allgather", "reducescatter": "reduce_scatter",
+                 "reduce_scatter_tensor": "reduce_scatter", "alltoall": "all_to_all",
+                 "all_to_allv": "all_to_all", "alltoall_base": "all_to_all"}
