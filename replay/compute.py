@@ -1,0 +1,143 @@
+"""Projecting measured kernel times onto another GPU (roofline, or class ratios).
+
+A kernel's work comes from the shapes of the op that launched it (``Input Dims`` and
+``Input type``, recorded with ``record_shapes``), using torch's flop-counter formulas
+(shared/docs/replay-models.md section 4): mm/addmm/linear ``2mnk``, bmm/baddbmm ``2bmnk``,
+flash/SDPA forward ``4 b h s_q s_k d``; bytes are the inputs read plus the output written.
+With work known, a kernel's model time on a GPU is the roofline
+``max(flops / (peak * achievable), bytes / (hbm * achievable))`` and the projection keeps the
+kernel's measured efficiency: ``t_target = t_measured * model(target) / model(source)``, so
+projecting onto the source GPU returns the measured time exactly. Without shapes, kernels
+scale by their class: compute-bound classes (gemm, conv, attention) by the peak-TFLOPS ratio
+of their dtype, the rest by the HBM-bandwidth ratio; communication is the network model's.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+
+from .hardware import Gpu
+
+COMPUTE_BOUND = ("gemm", "conv", "attention")
+ELEM_BYTES = {"float": 4, "float32": 4, "double": 8, "half": 2, "c10::half": 2,
+              "bfloat16": 2, "c10::bfloat16": 2, "float16": 2, "int": 4, "long int": 8,
+              "long": 8, "int64": 8, "bool": 1, "unsigned char": 1, "signed char": 1,
+              "c10::float8_e4m3fn": 1, "c10::float8_e5m2": 1}
+DTYPE_OF = {"float": "fp32", "float32": "fp32", "double": "fp32", "half": "fp16",
+            "c10::half": "fp16", "float16": "fp16", "bfloat16": "bf16",
+            "c10::bfloat16": "bf16", "c10::float8_e4m3fn": "fp8", "c10::float8_e5m2": "fp8"}
+
+
+@dataclass(frozen=True)
+class Work:
+    flops: float
+    bytes: float
+    dtype: str  # fp32 / fp16 / bf16 / fp8
+
+
+def _numel(dims: list) -> int:
+    return math.prod(int(d) for d in dims) if dims else 1
+
+
+def op_work(op: str, dims: list, types: list) -> Work | None:
+    """FLOPs and bytes of one op from its Input Dims / Input type, None when unknown."""
+    tensors = [(d, t) for d, t in zip(dims, types, strict=False)
+               if isinstance(d, list) and d and all(isinstance(x, int) for x in d)]
+    if not tensors:
+        return None
+    elem = ELEM_BYTES.get((tensors[0][1] or "").lower())
+    dtype = DTYPE_OF.get((tensors[0][1] or "").lower())
+    if elem is None or dtype is None:
+        return None
+    name = op.lower()
+    flops = out = None
+    try:
+        mats2 = [d for d, _ in tensors if len(d) == 2]
+        mats3 = [d for d, _ in tensors if len(d) == 3]
+        if name in ("aten::mm", "aten::addmm", "aten::matmul") and len(mats2) >= 2:
+            a, b = mats2[-2:]  # addmm: (bias, mat1, mat2); the bias may be 1-D or absent
+            flops, out = 2 * a[0] * a[1] * b[1], a[0] * b[1]
+        elif name in ("aten::bmm", "aten::baddbmm") and len(mats3) >= 2:
+            a, b = mats3[-2:]
+            flops, out = 2 * a[0] * a[1] * a[2] * b[2], a[0] * a[1] * b[2]
+        elif name == "aten::linear" and len(tensors) >= 2:
+            (x, _), (w, _) = tensors[:2]
+            rows = _numel(x[:-1])
+            flops, out = 2 * rows * x[-1] * w[0], rows * w[0]
+        elif re.search(r"scaled_dot_product|flash_attention|efficient_attention", name) \
+                and len(tensors) >= 3:
+            (q, _), (k, _) = tensors[:2]
+            if len(q) == 4 and len(k) == 4:
+                # aten::_flash/_efficient_attention_forward: [batch, seq, heads, head_dim];
+                # the scaled_dot_product_* ops: [batch, heads, seq, head_dim]
+                seq_first = name.endswith("_attention_forward")
+                b, h, s_q, d = (q[0], q[2], q[1], q[3]) if seq_first else q
+                s_k = k[1] if seq_first else k[2]
+                flops, out = 4 * b * h * s_q * s_k * d, _numel(q)
+    except (IndexError, TypeError):
+        return None
+    if flops is None:
+        return None
+    read = sum(_numel(d) for d, _ in tensors)
+    return Work(float(flops), float((read + out) * elem), dtype)
+
+
+def roofline_s(gpu: Gpu, work: Work) -> float:
+    """Model seconds of ``work`` on ``gpu`` at its achievable fractions."""
+    compute = work.flops / (gpu.peak_tflops(work.dtype) * 1e12 * gpu.achievable["compute"])
+    memory = work.bytes / (gpu.hbm_gbps * 1e9 * gpu.achievable["memory"])
+    return max(compute, memory)
+
+
+def project_ns(measured_ns: float, category: str, source: Gpu, target: Gpu,
+               work: Work | None = None, dtype: str = "bf16") -> float:
+    """The kernel's time on ``target``, from its measured time on ``source``."""
+    if category == "comm":
+        return measured_ns  # priced by the network model
+    if work is not None and work.flops > 0:
+        return measured_ns * roofline_s(target, work) / roofline_s(source, work)
+    if category in COMPUTE_BOUND:
+        return measured_ns * source.peak_tflops(dtype) / target.peak_tflops(dtype)
+    return measured_ns * source.hbm_gbps / target.hbm_gbps
+
+
+@dataclass(frozen=True)
+class Speedup:
+    """A user override: 'gemm=1.5' (a kernel category) or 'name~flash=2' (name pattern)."""
+
+    category: str | None
+    pattern: re.Pattern | None
+    factor: float
+
+    def applies(self, category: str, name: str) -> bool:
+        if self.pattern is not None:
+            return bool(self.pattern.search(name))
+        return category == self.category
+
+
+def parse_speedup(text: str) -> Speedup:
+    key, sep, value = text.partition("=")
+    try:
+        factor = float(value)
+    except ValueError:
+        factor = -1.0
+    if not sep or factor <= 0:
+        raise ValueError(f"bad speedup {text!r}: use CATEGORY=FACTOR or name~REGEX=FACTOR "
+                         "with FACTOR > 0 (e.g. gemm=1.5, name~flash=2)")
+    key = key.strip()
+    if key.startswith("name~"):
+        try:
+            return Speedup(None, re.compile(key[5:], re.IGNORECASE), factor)
+        except re.error as err:
+            raise ValueError(f"bad speedup {text!r}: {err}") from None
+    return Speedup(key, None, factor)
+
+
+def apply_speedups(ns: float, category: str, name: str, speedups: list[Speedup]) -> float:
+    """Divide by every matching factor (they compose)."""
+    for s in speedups:
+        if s.applies(category, name):
+            ns /= s.factor
+    return ns
