@@ -19,16 +19,9 @@ from pathlib import Path
 import duckdb
 import pyarrow as pa
 
+from tracetool.dtypes import ELEM_BYTES
 from tracetool.schema import COLLECTIVES
 
-DTYPE_BYTES = {
-    "float": 4, "float32": 4, "int": 4, "int32": 4, "uint32": 4, "double": 8, "float64": 8,
-    "long": 8, "int64": 8, "uint64": 8, "half": 2, "float16": 2, "bfloat16": 2,
-    "c10::bfloat16": 2, "c10::half": 2, "short": 2, "int16": 2, "byte": 1, "char": 1,
-    "int8": 1, "uint8": 1, "bool": 1, "float8_e4m3fn": 1, "float8_e5m2": 1,
-    "complexfloat": 8, "complexdouble": 16, "unsigned char": 1, "signed char": 1,
-    "long int": 8, "unsigned long": 8, "long long": 8, "c10::float8_e4m3fn": 1,
-}
 # Calls recorded like collectives that move no data of their own.
 NOT_COLLECTIVES = {"wait", "monitored_barrier"}
 # Any of these in record_param_comms' args marks a real collective call (2023-10+ traces).
@@ -162,7 +155,7 @@ def build(con: duckdb.DuckDBPyConnection, out: Path, pg_ranks: dict[str, list[in
     for row in rows:
         row["call_index"] = counters.get(row["pg_name"], 0)
         counters[row["pg_name"]] = row["call_index"] + 1
-        eb = DTYPE_BYTES.get((row["dtype"] or "").lower())
+        eb = ELEM_BYTES.get((row["dtype"] or "").lower())
         row["elem_bytes"] = eb
         row["in_bytes"] = row["in_nelems"] * eb if eb and row["in_nelems"] is not None else None
         row["out_bytes"] = row["out_nelems"] * eb if eb and row["out_nelems"] is not None else None

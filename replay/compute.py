@@ -18,13 +18,11 @@ import math
 import re
 from dataclasses import dataclass
 
+from tracetool.dtypes import ELEM_BYTES
+
 from .hardware import Gpu
 
 COMPUTE_BOUND = ("gemm", "conv", "attention")
-ELEM_BYTES = {"float": 4, "float32": 4, "double": 8, "half": 2, "c10::half": 2,
-              "bfloat16": 2, "c10::bfloat16": 2, "float16": 2, "int": 4, "long int": 8,
-              "long": 8, "int64": 8, "bool": 1, "unsigned char": 1, "signed char": 1,
-              "c10::float8_e4m3fn": 1, "c10::float8_e5m2": 1}
 DTYPE_OF = {"float": "fp32", "float32": "fp32", "double": "fp32", "half": "fp16",
             "c10::half": "fp16", "float16": "fp16", "bfloat16": "bf16",
             "c10::bfloat16": "bf16", "c10::float8_e4m3fn": "fp8", "c10::float8_e5m2": "fp8"}
