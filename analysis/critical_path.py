@@ -58,11 +58,11 @@ EDGE_KINDS: dict[str, str] = {
     "thread_wake": "inferred CPU hand-off: end of an event on another thread of the rank -> "
                    "the point where a thread resumed after an idle or waiting gap",
 }
-_KIND_NAMES = list(EDGE_KINDS)
+KIND_NAMES = list(EDGE_KINDS)
 
 # Segment kinds of the path.
 SEGMENT_KINDS = ("compute", "comm", "memcpy", "launch_overhead", "cpu", "idle_wait")
-_CLASSES = ("compute", "comm", "memcpy", "cpu")  # classes of events (_cp_events.cls)
+CLASSES = ("compute", "comm", "memcpy", "cpu")  # classes of events (_cp_events.cls)
 
 SYNC_CALLS = (
     "cudaDeviceSynchronize", "cudaStreamSynchronize", "cudaEventSynchronize",
@@ -343,24 +343,24 @@ def build_edges(con: duckdb.DuckDBPyConnection, job: str) -> None:
 
 
 @dataclass
-class _Graph:
+class PathGraph:
     """A job's graph as flat arrays. Each node event gets a slot = base[rank] + eid (eids are
     dense per rank), and its points are nodes 2 * slot (start) and 2 * slot + 1 (end), so the
     walk needs no lookups, only array indexing."""
 
     t: np.ndarray  # per node: time, ns
     pred: np.ndarray  # per node: binding predecessor node, -1 when none
-    pred_kind: np.ndarray  # per node: index into _KIND_NAMES of the binding edge
+    pred_kind: np.ndarray  # per node: index into KIND_NAMES of the binding edge
     ends: np.ndarray  # end nodes by (time, CPU < GPU, rank, eid): the last one <= a window end
                       # is where its walk starts (at equal times, a GPU op)
     rank: np.ndarray  # per slot
     eid: np.ndarray  # per slot
     track: np.ndarray  # per slot
-    cls: np.ndarray  # per slot: index into _CLASSES
+    cls: np.ndarray  # per slot: index into CLASSES
     parent: np.ndarray  # per slot: slot of the enclosing node event, -1 when none
 
 
-def _load_graph(con: duckdb.DuckDBPyConnection, job: str) -> _Graph:
+def _load_graph(con: duckdb.DuckDBPyConnection, job: str) -> PathGraph:
     """The nodes of ``job`` (from _cp_events) and, for each node, its binding predecessor:
     the edge into it with the smallest lag; ties go to the earlier kind in EDGE_KINDS, then
     to the lower source node, so the choice is deterministic. Two ``np.minimum.at`` passes
@@ -368,7 +368,7 @@ def _load_graph(con: duckdb.DuckDBPyConnection, job: str) -> _Graph:
     ev = con.execute(
         """SELECT rank, eid, ts_ns, end_ns, track_id, coalesce(parent_eid, -1) AS parent_eid,
                   is_gpu, list_position(?, cls) - 1 AS cls
-           FROM _cp_events WHERE job = ?""", [list(_CLASSES), job]).fetchnumpy()
+           FROM _cp_events WHERE job = ?""", [list(CLASSES), job]).fetchnumpy()
     ranks = np.unique(ev["rank"])
     sizes = np.zeros(len(ranks), dtype=np.int64)
     np.maximum.at(sizes, np.searchsorted(ranks, ev["rank"]), ev["eid"] + 1)
@@ -407,28 +407,28 @@ def _load_graph(con: duckdb.DuckDBPyConnection, job: str) -> _Graph:
     pred = np.full(2 * n_slots, np.iinfo(np.int64).max)
     np.minimum.at(pred, dst[tie], src[tie])
     has = best != np.iinfo(np.int64).max
-    return _Graph(t=t, pred=np.where(has, pred, -1),
+    return PathGraph(t=t, pred=np.where(has, pred, -1),
                   pred_kind=np.where(has, best & 15, -1).astype(np.int8),
                   ends=(2 * slot + 1)[order], rank=per_slot(ev["rank"], -1, np.int32),
                   eid=per_slot(ev["eid"], -1), track=per_slot(ev["track_id"], -1, np.int32),
-                  cls=per_slot(ev["cls"], _CLASSES.index("cpu"), np.int8),
+                  cls=per_slot(ev["cls"], CLASSES.index("cpu"), np.int8),
                   parent=per_slot(parent, -1))
 
 
-_ORDER_KINDS = np.array([k in ("cpu_order", "gpu_order") for k in _KIND_NAMES])
+_ORDER_KINDS = np.array([k in ("cpu_order", "gpu_order") for k in KIND_NAMES])
 # segment kind of a non-order edge; order edges take the class of the attributed event
 _EDGE_SEGMENT = np.array([
     SEGMENT_KINDS.index({"launch": "launch_overhead", "comm_enqueue": "launch_overhead",
-                         "collective": "comm"}.get(k, "idle_wait")) for k in _KIND_NAMES])
-_CLASS_SEGMENT = np.array([SEGMENT_KINDS.index(c) for c in _CLASSES])
+                         "collective": "comm"}.get(k, "idle_wait")) for k in KIND_NAMES])
+_CLASS_SEGMENT = np.array([SEGMENT_KINDS.index(c) for c in CLASSES])
 _IDLE = SEGMENT_KINDS.index("idle_wait")
-_NONE_EDGE = len(_KIND_NAMES)  # edge_kind 'none': idle filler at a window's ends
+_NONE_EDGE = len(KIND_NAMES)  # edge_kind 'none': idle filler at a window's ends
 
 
-class _Walker:
+class PathWalker:
     """Backward walks over one loaded graph, for any number of windows."""
 
-    def __init__(self, g: _Graph) -> None:
+    def __init__(self, g: PathGraph) -> None:
         self.g = g
         self.end_times = g.t[g.ends]
         # the walk reads one node at a time: memoryviews give Python ints without converting
@@ -454,7 +454,7 @@ class _Walker:
         return _segments(self.g, np.asarray(path[::-1], dtype=np.int64), start, end)
 
 
-def _segments(g: _Graph, path: np.ndarray, start: int, end: int) -> dict[str, np.ndarray]:
+def _segments(g: PathGraph, path: np.ndarray, start: int, end: int) -> dict[str, np.ndarray]:
     """Segment arrays for a path of nodes in time order, clipped to [start, end], with idle
     filler before its first node (when that node has no predecessor) and after its last
     (when it ends before `end`), so the segments always cover the window exactly."""
@@ -528,7 +528,7 @@ def critical_path(con: duckdb.DuckDBPyConnection, job: str, step: int | None = N
     if not _has_graph(con, job):
         build_edges(con, job)
     wins = _windows(con, job, step, window)
-    walker = _Walker(_load_graph(con, job))
+    walker = PathWalker(_load_graph(con, job))
     g = walker.g
     parts = []
     for s, a, b in wins:
@@ -546,7 +546,7 @@ def critical_path(con: duckdb.DuckDBPyConnection, job: str, step: int | None = N
         "track_id": pa.array(g.track[np.maximum(loc, 0)], mask=no_loc, type=pa.int32()),
         "eid": pa.array(g.eid[np.maximum(attr, 0)], mask=no_attr),
         "kind": pa.array(np.array(SEGMENT_KINDS)[seg["kind"]]),
-        "edge_kind": pa.array(np.array([*_KIND_NAMES, "none"])[seg["edge"]]),
+        "edge_kind": pa.array(np.array([*KIND_NAMES, "none"])[seg["edge"]]),
         "start_ns": seg["start"], "end_ns": seg["end"],
     })
     con.execute(CRITICAL_PATH_DDL)

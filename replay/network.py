@@ -21,6 +21,8 @@ import re
 import tomllib
 from dataclasses import dataclass, fields, replace
 
+from .hardware import Gpu
+
 # NCCL constants, us (shared/docs/replay-models.md section 2): base latency and per-step
 # latency by link, for the LL and Simple protocols; LL moves data at half the bandwidth.
 BASE_US = {"ll": 6.6, "simple": 8.4}
@@ -214,3 +216,19 @@ _KIND_ALIASES = {"all_reduce": "allreduce", "all_gather": "allgather",
                  "_allgather_base": "allgather", "reducescatter": "reduce_scatter",
                  "reduce_scatter_tensor": "reduce_scatter", "alltoall": "all_to_all",
                  "all_to_allv": "all_to_all", "alltoall_base": "all_to_all"}
+
+
+# NIC bandwidth per GPU of the usual cluster build of each GPU generation (one NIC per GPU):
+# DGX-2 (V100) 100 Gbit/s EDR, DGX A100 200 Gbit/s HDR, DGX H100/H200/B200 and MI300X
+# platforms 400 Gbit/s NDR, MI250X (Frontier-class) 200 Gbit/s Slingshot.
+NIC_GBIT_PER_GPU = {"v100": 100, "a100": 200, "h100": 400, "h200": 400, "b200": 400,
+                    "mi250x": 200, "mi300x": 400}
+
+
+def default_network(gpu: Gpu) -> Network:
+    """The network a trace of ``gpu`` most likely ran on: 8 GPUs per node on the GPU's
+    scale-up links (at their achievable fraction), one NIC per GPU between nodes."""
+    return Network(
+        gpus_per_node=8,
+        intra_node_bw=gpu.scale_up_gbps * 1e9 * gpu.achievable.get("scale_up", 1.0),
+        inter_node_bw=NIC_GBIT_PER_GPU.get(gpu.key, 400) * 1e9 / 8)

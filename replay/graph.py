@@ -1,0 +1,383 @@
+"""The replay graph: a job's dependency graph as flat arrays, ready to be scheduled again.
+
+It is the graph the critical path walks (``tracetool.analysis.critical_path.build_edges``:
+nodes are the start and end points of CPU events and GPU ops, ``edges`` says which point
+waited for which), turned into something a simulator can re-time:
+
+- every GPU op gets an explicit **duration edge** start -> end (the quantity the hardware
+  model changes);
+- every collective instance (one call matched across ranks) gets a **barrier node**: each
+  rank's transfer (NCCL kernel or gloo span) start -> barrier (an *arrival* edge, weight 0),
+  and barrier -> each rank's transfer end (a *transfer* edge). So a collective starts on each
+  rank when that rank issues it and ends at (last arrival + transfer), as NCCL's do;
+- every other edge keeps its measured lag when it is the **binding** dependency of its point
+  (the one satisfied last, smallest lag), and otherwise shrinks to the typical binding lag of
+  its kind on its rank (a queued kernel's launch edge to the usual launch latency, a sync's
+  return to the usual wake-up, a gap on a stream to the usual kernel-to-kernel gap; CPU
+  program order to 0 where something else held the point back). CPU time between ops on a
+  thread is binding, so it stays as work; GPU idle time is never work, it comes from the
+  edges.
+
+With no change, every point's time is the max over its in-edges of (source time + weight),
+the binding edge gives exactly the measured time and no other edge exceeds it, so identity
+replay reproduces the trace exactly (``tests/test_replay.py`` checks every step of every
+multi-rank set).
+
+Arrays are in topological order (``order``), with in-edges as CSR (``indptr``, ``src``), so
+``tracetool.replay.simulate`` schedules them in one compiled pass.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+import duckdb
+import numpy as np
+
+from tracetool.analysis.critical_path import CLASSES, KIND_NAMES, _has_graph, build_edges
+
+# roles of an edge in the replay: what a scenario may change about it
+FIXED, OP_DURATION, COMM_DURATION, TRANSFER, ARRIVAL = range(5)
+_COLLECTIVE = KIND_NAMES.index("collective")
+_CPU_ORDER = KIND_NAMES.index("cpu_order")
+_GPU_ORDER = KIND_NAMES.index("gpu_order")
+
+
+@dataclass
+class ReplayGraph:
+    """One job's replay graph. Node n is point (n & 1: 0 start, 1 end) of slot n >> 1; slots
+    are (rank, eid) of the events, then one per collective barrier."""
+
+    job: str
+    origin_ns: int  # times below are ns after this
+    t0: np.ndarray  # float64 per node: measured time
+    order: np.ndarray  # int64: nodes in topological order
+    indptr: np.ndarray  # int64, n_nodes + 1: in-edges of node n are indptr[n]:indptr[n + 1]
+    src: np.ndarray  # int64 per edge: source node
+    lag: np.ndarray  # float64 per edge: measured lag (dst time - src time)
+    base_w: np.ndarray  # float64 per edge: the identity weight (lag, or relaxed)
+    kind: np.ndarray  # int8 per edge: index into KIND_NAMES
+    role: np.ndarray  # int8 per edge: FIXED, OP_DURATION, COMM_DURATION, TRANSFER, ARRIVAL
+    op: np.ndarray  # int64 per edge: GPU op index (OP_DURATION), else -1
+    inst: np.ndarray  # int64 per edge: collective instance (COMM_DURATION/TRANSFER), else -1
+    cycle_breaks: int  # edges ignored to break zero-lag cycles (0 on every trace seen)
+    # per slot
+    rank: np.ndarray
+    eid: np.ndarray
+    track: np.ndarray
+    cls: np.ndarray  # index into CLASSES (compute, comm, memcpy, cpu); barriers: comm
+    parent: np.ndarray
+    is_gpu: np.ndarray
+    is_op: np.ndarray  # a cpu_op (the CPU compute of CPU-only ranks' breakdown)
+    n_event_slots: int  # slots below this are events; the rest are barriers
+    # GPU ops (duration edges)
+    ops: dict  # rank, eid, slot, kind, name, category, op_name, dims, types, dur
+    # collective instances
+    insts: dict  # instance, collective, bytes, group_ranks (list), pg_desc, transfer_ns
+    # steps: one entry per (rank, complete step)
+    steps: np.ndarray  # step numbers, sorted unique
+    step_start_nodes: tuple[np.ndarray, np.ndarray]  # (step index, node) of ProfilerStep starts
+    step_end_nodes: tuple[np.ndarray, np.ndarray]  # (step index, node): PS ends + GPU op ends
+    ranks: np.ndarray  # ranks of the job
+    devices: list[str]  # deviceProperties names of the job
+
+    @property
+    def n_nodes(self) -> int:
+        return len(self.t0)
+
+    @property
+    def n_edges(self) -> int:
+        return len(self.src)
+
+
+_NODES_SQL = """
+SELECT rank, eid, ts_ns, end_ns, track_id, coalesce(parent_eid, -1) AS parent_eid, is_gpu,
+       list_position(?, cls) - 1 AS cls
+FROM _cp_events WHERE job = ?"""
+
+_EDGES_SQL = """
+SELECT rank_src, src_eid, enum_code(src_point) AS sp, rank_dst, dst_eid,
+       enum_code(dst_point) AS dp, enum_code(kind) AS kind, lag_ns
+FROM edges WHERE job = ? AND kind <> 'collective'"""
+
+_OPS_SQL = """
+SELECT g.rank, g.eid, g.kind, g.name, coalesce(k.category, g.kind) AS category,
+       coalesce(g.is_comm, FALSE) AS is_comm, g.op_name,
+       o.args->>'Input Dims' AS dims, o.args->>'Input type' AS types
+FROM gpu_ops g JOIN _cp_events n ON n.job = g.job AND n.rank = g.rank AND n.eid = g.eid
+LEFT JOIN kernels k ON k.job = g.job AND k.rank = g.rank AND k.eid = g.eid
+LEFT JOIN events o ON o.job = g.job AND o.rank = g.rank AND o.eid = g.op_eid
+WHERE g.job = ?"""
+
+# one instance = one collective call on every rank of its group (matched as the critical
+# path matches them: process group and sequence number, else call order)
+_INSTANCES_SQL = """
+SELECT c.rank, coalesce(c.pg_name, '') || CASE WHEN c.seq IS NOT NULL THEN ':seq:' || c.seq
+       ELSE ':call:' || c.call_index END AS instance,
+       coalesce(c.kernel_eid, c.gloo_eid) AS x_eid, c.collective, c.pg_desc, c.group_size,
+       CASE WHEN coalesce(c.group_ranks_truncated, FALSE) THEN NULL ELSE c.group_ranks END
+           AS group_ranks,
+       CASE WHEN lower(c.collective) LIKE '%allgather%' OR lower(c.collective) LIKE '%all_gather%'
+            THEN coalesce(c.out_bytes, c.in_bytes * c.group_size)
+            ELSE coalesce(c.in_bytes, c.out_bytes) END AS bytes
+FROM collectives c JOIN _cp_events n ON n.job = c.job AND n.rank = c.rank
+ AND n.eid = coalesce(c.kernel_eid, c.gloo_eid)
+WHERE c.job = ?"""
+
+
+def build_graph(con: duckdb.DuckDBPyConnection, job: str) -> ReplayGraph:
+    """The replay graph of ``job`` (``con`` from ``tracetool.connect``). Builds the critical
+    path's ``edges`` first when this connection has none for the job."""
+    if not _has_graph(con, job):
+        build_edges(con, job)
+    ev = con.execute(_NODES_SQL, [list(CLASSES), job]).fetchnumpy()
+    if len(ev["eid"]) == 0:
+        raise ValueError(f"job {job!r} has no events on CPU threads or GPU streams")
+    ranks = np.unique(ev["rank"])
+    sizes = np.zeros(len(ranks), dtype=np.int64)
+    np.maximum.at(sizes, np.searchsorted(ranks, ev["rank"]), ev["eid"] + 1)
+    base = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+    n_ev_slots = int(sizes.sum())
+
+    def slot_of(rank: np.ndarray, eid: np.ndarray) -> np.ndarray:
+        return base[np.searchsorted(ranks, rank)] + np.asarray(eid, dtype=np.int64)
+
+    slot = slot_of(ev["rank"], ev["eid"])
+    origin = int(min(ev["ts_ns"].min(), ev["end_ns"].min()))
+
+    # -- collective instances: one barrier slot each
+    ci = _columns(con.execute(_INSTANCES_SQL, [job]))
+    ci["rank"] = ci["rank"].astype(np.int64)
+    ci["x_eid"] = ci["x_eid"].astype(np.int64)
+    inst_names, inst_idx = np.unique(ci["instance"].astype(str), return_inverse=True)
+    n_inst = len(inst_names)
+    n_slots = n_ev_slots + n_inst
+    is_node = np.zeros(n_slots, dtype=bool)
+    is_node[slot] = True
+    is_node[n_ev_slots:] = True
+
+    t0 = np.zeros(2 * n_slots, dtype=np.float64)
+    t0[2 * slot] = ev["ts_ns"] - origin
+    t0[2 * slot + 1] = ev["end_ns"] - origin
+
+    # -- GPU ops and their duration edges
+    ops = con.execute(_OPS_SQL, [job]).fetchnumpy()
+    op_slot = slot_of(ops["rank"], ops["eid"])
+    x_slot = slot_of(ci["rank"], ci["x_eid"])
+    x_inst = np.full(n_slots, -1, dtype=np.int64)
+    x_inst[x_slot] = inst_idx
+    barrier_slot = n_ev_slots + np.arange(n_inst)
+    b_time = np.full(n_inst, -np.inf)
+    np.maximum.at(b_time, inst_idx, t0[2 * x_slot])
+    t0[2 * barrier_slot] = b_time
+    t0[2 * barrier_slot + 1] = b_time
+
+    # -- recorded edges, minus the ones replaced: cross-rank 'collective' edges (by barriers)
+    # and the start -> end order edge of a GPU op or a transfer (by its duration edge)
+    e = con.execute(_EDGES_SQL, [job]).fetchnumpy()
+    e_src = 2 * slot_of(e["rank_src"], e["src_eid"]) + e["sp"]
+    e_dst = 2 * slot_of(e["rank_dst"], e["dst_eid"]) + e["dp"]
+    timed = np.zeros(n_slots, dtype=bool)
+    timed[op_slot] = True
+    timed[x_slot] = True
+    self_edge = (e_src >> 1 == e_dst >> 1) & (e["sp"] == 0) & (e["dp"] == 1) & timed[e_src >> 1]
+    keep = ~self_edge
+    src_parts = [e_src[keep]]
+    dst_parts = [e_dst[keep]]
+    kind_parts = [e["kind"][keep].astype(np.int8)]
+    role_parts = [np.full(int(keep.sum()), FIXED, dtype=np.int8)]
+    op_parts = [np.full(int(keep.sum()), -1, dtype=np.int64)]
+    inst_parts = [np.full(int(keep.sum()), -1, dtype=np.int64)]
+
+    # duration edges: compute/memcpy ops scale with the GPU model; transfers with the network
+    is_x = x_inst[op_slot] >= 0
+    n_ops = len(op_slot)
+    src_parts.append(2 * op_slot)
+    dst_parts.append(2 * op_slot + 1)
+    kind_parts.append(np.full(n_ops, _GPU_ORDER, dtype=np.int8))
+    role_parts.append(np.where(is_x, COMM_DURATION, OP_DURATION).astype(np.int8))
+    op_parts.append(np.arange(n_ops, dtype=np.int64))
+    inst_parts.append(np.where(is_x, x_inst[op_slot], -1))
+    gloo_x = x_slot[~np.isin(x_slot, op_slot)]  # transfers on CPU threads (gloo spans)
+    gloo_x = np.unique(gloo_x)
+    src_parts.append(2 * gloo_x)
+    dst_parts.append(2 * gloo_x + 1)
+    kind_parts.append(np.full(len(gloo_x), _CPU_ORDER, dtype=np.int8))
+    role_parts.append(np.full(len(gloo_x), COMM_DURATION, dtype=np.int8))
+    op_parts.append(np.full(len(gloo_x), -1, dtype=np.int64))
+    inst_parts.append(x_inst[gloo_x])
+    # barriers: arrival (every rank's transfer start -> barrier), transfer (-> every end)
+    for a, b, role in ((2 * x_slot, 2 * barrier_slot[inst_idx], ARRIVAL),
+                       (2 * barrier_slot[inst_idx], 2 * x_slot + 1, TRANSFER)):
+        src_parts.append(a)
+        dst_parts.append(b)
+        kind_parts.append(np.full(len(a), _COLLECTIVE, dtype=np.int8))
+        role_parts.append(np.full(len(a), role, dtype=np.int8))
+        op_parts.append(np.full(len(a), -1, dtype=np.int64))
+        inst_parts.append(inst_idx.astype(np.int64))
+
+    src = np.concatenate(src_parts)
+    dst = np.concatenate(dst_parts)
+    kind = np.concatenate(kind_parts)
+    role = np.concatenate(role_parts)
+    op = np.concatenate(op_parts)
+    inst = np.concatenate(inst_parts)
+    lag = t0[dst] - t0[src]
+
+    # -- identity weights: binding edges keep their lag, the others shrink (module docstring)
+    edge_rank = np.zeros(n_slots, dtype=np.int64)
+    edge_rank[slot] = ev["rank"]
+    dst_rank = edge_rank[dst >> 1]
+    best = np.full(2 * n_slots, np.inf)
+    np.minimum.at(best, dst, lag)
+    binding = lag == best[dst]
+    base_w = lag.copy()
+    relax = (role == FIXED) & ~binding
+    floor = _group_median(kind.astype(np.int64) * (len(ranks) + 1)
+                          + np.searchsorted(ranks, dst_rank), lag,
+                          binding & (role == FIXED))
+    floor[kind == _CPU_ORDER] = 0.0  # program order held back by something else: no work
+    base_w[relax] = np.minimum(lag[relax], floor[relax])
+    base_w[role == ARRIVAL] = 0.0  # a barrier waits for the last arrival, not a fixed lag
+
+    # -- CSR by destination (deterministic whatever order DuckDB returned the rows in),
+    # nodes in topological order
+    by_dst = np.lexsort((src, kind, dst))  # ties between in-edges go to the earlier kind
+    src, dst, kind, role, op, inst, lag, base_w = (
+        a[by_dst] for a in (src, dst, kind, role, op, inst, lag, base_w))
+    n_nodes = 2 * n_slots
+    indptr = np.zeros(n_nodes + 1, dtype=np.int64)
+    np.add.at(indptr, dst + 1, 1)
+    indptr = np.cumsum(indptr)
+    from .simulate import topological_order
+
+    order, breaks = topological_order(indptr, src, t0)
+
+    # -- per-slot attributes
+    def per_slot(values: np.ndarray, fill: int, dtype: type) -> np.ndarray:
+        out = np.full(n_slots, fill, dtype=dtype)
+        out[slot] = values
+        return out
+
+    pe = ev["parent_eid"]
+    parent = np.where((pe >= 0) & (pe < sizes[np.searchsorted(ranks, ev["rank"])]),
+                      slot_of(ev["rank"], np.maximum(pe, 0)), -1)
+    parent = np.where(is_node[np.maximum(parent, 0)], parent, -1)
+    cls = per_slot(ev["cls"], CLASSES.index("cpu"), np.int8)
+    cls[n_ev_slots:] = CLASSES.index("comm")
+
+    cpu_ops = con.execute("SELECT rank, eid FROM events WHERE job = ? AND kind = 'cpu_op'",
+                          [job]).fetchnumpy()
+    is_op = np.zeros(n_slots, dtype=bool)
+    is_op[slot_of(cpu_ops["rank"], cpu_ops["eid"])] = True
+    is_op &= is_node
+
+    # -- steps: ProfilerStep starts, and the ends of the step's annotation and GPU ops
+    st = con.execute(
+        """SELECT rank, step, eid FROM steps WHERE job = ? AND complete ORDER BY step, rank""",
+        [job]).fetchnumpy()
+    steps = np.unique(st["step"]).astype(np.int64)
+    st_idx = np.searchsorted(steps, st["step"])
+    st_slot = slot_of(st["rank"], st["eid"])
+    ok = is_node[st_slot]
+    step_ops = con.execute(
+        """SELECT g.rank, g.eid, g.step FROM gpu_ops g JOIN _cp_events n ON n.job = g.job
+           AND n.rank = g.rank AND n.eid = g.eid WHERE g.job = ? AND g.step IS NOT NULL""",
+        [job]).fetchnumpy()
+    in_steps = np.isin(step_ops["step"], steps)
+    so_idx = np.searchsorted(steps, step_ops["step"][in_steps])
+    so_node = 2 * slot_of(step_ops["rank"][in_steps], step_ops["eid"][in_steps]) + 1
+
+    # -- what the models need: GPU op details, instance sizes and groups
+    dims, types = ops["dims"], ops["types"]
+    op_info = {
+        "rank": ops["rank"], "eid": ops["eid"], "slot": op_slot, "kind": ops["kind"],
+        "name": ops["name"], "category": ops["category"], "op_name": ops["op_name"],
+        "dims": dims, "types": types,
+        "dur": t0[2 * op_slot + 1] - t0[2 * op_slot],
+    }
+    x_dur = t0[2 * x_slot + 1] - t0[2 * x_slot]
+    transfer = np.full(n_inst, np.inf)
+    np.minimum.at(transfer, inst_idx, x_dur)
+    first = np.full(n_inst, -1, dtype=np.int64)
+    first[inst_idx[::-1]] = np.arange(len(inst_idx))[::-1]
+    members: list[list[int]] = [[] for _ in range(n_inst)]
+    for i, r in zip(inst_idx.tolist(), ci["rank"].tolist(), strict=True):
+        members[i].append(int(r))
+    group_ranks = []
+    for i in range(n_inst):
+        g, size = ci["group_ranks"][first[i]], ci["group_size"][first[i]]
+        if g:
+            group_ranks.append(sorted(int(r) for r in g))
+        elif size is not None and int(size) > len(members[i]):
+            group_ranks.append(list(range(int(size))))
+        else:
+            group_ranks.append(sorted(members[i]))
+    nbytes = np.array([np.nan if b is None else float(b) for b in ci["bytes"]])
+    # a transfer's own duration edge is the transfer alone (the last arrival's duration)
+    comm_dur = role == COMM_DURATION
+    base_w[comm_dur] = transfer[inst[comm_dur]]
+    insts = {
+        "instance": inst_names,
+        "collective": ci["collective"][first].astype(str),
+        "bytes": nbytes[first],
+        "pg_desc": ci["pg_desc"][first],
+        "group_ranks": group_ranks,
+        "transfer_ns": transfer,
+        "n_ranks": np.bincount(inst_idx, minlength=n_inst),
+    }
+    devices = [d for (d,) in con.execute(
+        "SELECT DISTINCT unnest(device_names) FROM trace_files WHERE job = ? ORDER BY 1",
+        [job]).fetchall() if d]
+    return ReplayGraph(
+        job=job, origin_ns=origin, t0=t0, order=order, indptr=indptr, src=src, lag=lag,
+        base_w=base_w, kind=kind, role=role, op=op, inst=inst, cycle_breaks=int(breaks),
+        rank=per_slot(ev["rank"], -1, np.int32),
+        eid=per_slot(ev["eid"], -1, np.int64), track=per_slot(ev["track_id"], -1, np.int32),
+        cls=cls, parent=per_slot(parent, -1, np.int64),
+        is_gpu=per_slot(ev["is_gpu"], False, bool), is_op=is_op, n_event_slots=n_ev_slots,
+        ops=op_info, insts=insts, steps=steps,
+        step_start_nodes=(st_idx[ok], 2 * st_slot[ok]),
+        step_end_nodes=(np.concatenate([st_idx[ok], so_idx]),
+                        np.concatenate([2 * st_slot[ok] + 1, so_node])),
+        ranks=ranks, devices=devices)
+
+
+def _group_median(key: np.ndarray, value: np.ndarray, ref: np.ndarray) -> np.ndarray:
+    """Per element: the median of ``value`` over the ``ref`` elements with the same ``key``
+    (0 where the key has none)."""
+    out = np.zeros(len(key))
+    if not ref.any():
+        return out
+    k, v = key[ref], value[ref]
+    o = np.lexsort((v, k))
+    k, v = k[o], v[o]
+    uniq, start, count = np.unique(k, return_index=True, return_counts=True)
+    med = (v[start + (count - 1) // 2] + v[start + count // 2]) / 2
+    pos = np.searchsorted(uniq, key)
+    hit = (pos < len(uniq)) & (uniq[np.minimum(pos, len(uniq) - 1)] == key)
+    out[hit] = med[pos[hit]]
+    return out
+
+
+def _columns(cur: duckdb.DuckDBPyConnection) -> dict[str, np.ndarray]:
+    """A small result as one object array per column (lists stay lists)."""
+    rows = cur.fetchall()
+    out = {}
+    for i, d in enumerate(cur.description):
+        col = np.empty(len(rows), dtype=object)
+        col[:] = [r[i] for r in rows]
+        out[d[0]] = col
+    return out
+
+
+def parse_shapes(dims: str | None, types: str | None) -> tuple[list, list] | None:
+    """Input Dims / Input type of an op from their JSON text, None when absent."""
+    if not dims or not types:
+        return None
+    try:
+        d, t = json.loads(dims), json.loads(types)
+    except ValueError:
+        return None
+    return (d, t) if isinstance(d, list) and isinstance(t, list) else None

@@ -1,0 +1,312 @@
+"""Replay (tracetool.replay) on real traces: identity, what-ifs, CLI, Chrome trace, sweep.
+
+Every multi-rank set of ../shared/traces and the gloo sample are ingested once into one
+store. Identity replay must give every step's measured time (checked against the steps
+table, computed independently in SQL); projections must move the way physics says
+(halving bandwidth never speeds a step up, an infinitely fast network leaves latency only,
+a datacenter split slows only the groups that span it), and a kernel's projected time must
+equal the roofline ratio computed here from the catalog's TOML by hand.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+import tomllib
+from dataclasses import replace
+from pathlib import Path
+
+import duckdb
+import numpy as np
+import pytest
+
+import tracetool
+from tracetool.ingest.pipeline import Options, ingest
+from tracetool.replay.model import Scenario, collective_factors, resolve_gpu
+from tracetool.replay.network import parse_network
+from tracetool.replay.run import BREAKDOWN, Replayer
+from tracetool.replay.sweep import parse_axis
+
+from ._util import REPO, SHARED_TRACES, run
+from .test_critical_path import MULTI_RANK
+
+BERT = SHARED_TRACES / "AMD-AGI__TraceLens/tests/traces"
+GLOO_NET = "gpus_per_node=1,inter_node_bw=1Gbit/s"
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("replay") / "store"
+    for job, d in MULTI_RANK.items():
+        ingest([d], Options(store=path, job=job))
+    for job, f in (("bert_h100", BERT / "h100/gaunernst_bert-small-uncased__1016001.json.gz"),
+                   ("bert_mi300x",
+                    BERT / "mi300/gaunernst_bert-small-uncased__1016001.json.gz")):
+        ingest([f], Options(store=path, job=job, rank=0))
+    return path
+
+
+@pytest.fixture(scope="module")
+def con(store: Path) -> duckdb.DuckDBPyConnection:
+    return tracetool.connect(store)
+
+
+@pytest.fixture(scope="module")
+def replayers(con: duckdb.DuckDBPyConnection) -> dict[str, Replayer]:
+    return {job: Replayer.from_store(con, job) for job in (*MULTI_RANK, "bert_h100")}
+
+
+@pytest.mark.parametrize("job", list(MULTI_RANK))
+def test_identity_replay_reproduces_every_step(job: str, con: duckdb.DuckDBPyConnection,
+                                               replayers: dict[str, Replayer]) -> None:
+    expected = dict(con.execute(
+        """SELECT step, max(end_ns) - min(start_ns) FROM steps WHERE job = ? AND complete
+           GROUP BY step""", [job]).fetchall())
+    result = replayers[job].run()
+    assert [s.step for s in result.steps] == sorted(expected)
+    for s in result.steps:
+        assert s.measured_ns == expected[s.step]
+        assert abs(s.projected_ns - s.measured_ns) <= 0.02 * s.measured_ns
+        assert s.projected_ns == s.measured_ns  # exact, in fact
+        assert (s.low_ns <= s.projected_ns <= s.high_ns)
+        assert s.projected == s.measured
+        assert sum(s.measured[k] for k in BREAKDOWN) == pytest.approx(s.measured_ns, abs=4)
+        assert sum(s.critical_path.values()) == s.projected_ns
+    g = replayers[job].graph
+    assert g.cycle_breaks == 0
+    # every event keeps its measured times
+    ev = np.flatnonzero(g.rank[:g.n_event_slots] >= 0)
+    assert np.array_equal(result.times_ns[2 * ev], g.t0[2 * ev].astype(np.int64) + g.origin_ns)
+
+
+def test_collectives_are_cross_rank_barriers(replayers: dict[str, Replayer]) -> None:
+    g = replayers["dlrm"].graph
+    assert len(g.insts["instance"]) > 0
+    assert (g.insts["n_ranks"] == 8).all()  # every DLRM collective matched on all 8 ranks
+    g = replayers["gloo"].graph
+    con_rows = len(g.insts["instance"])
+    assert con_rows == 9  # the sample's 9 gloo allreduces per rank, matched across 2 ranks
+    assert (g.insts["n_ranks"] == 2).all()
+
+
+def _steps(r: Replayer, sc: Scenario) -> np.ndarray:
+    return np.array([s.projected_ns for s in r.run(sc, critical_path=False).steps])
+
+
+@pytest.mark.parametrize("job,src", [("dlrm", None), ("gloo", GLOO_NET)])
+def test_halving_bandwidth_never_speeds_up_a_step(job: str, src: str | None,
+                                                  replayers: dict[str, Replayer]) -> None:
+    r = replayers[job]
+    base = Scenario(source_network=parse_network(src) if src else None)
+    prev = None
+    for bw in ("400Gbit/s", "100Gbit/s", "25Gbit/s", "5Gbit/s", "1Gbit/s", "200Mbit/s"):
+        net = parse_network(f"gpus_per_node=1,inter_node_bw={bw}")
+        cur = _steps(r, replace(base, network=net))
+        if prev is not None:
+            assert (cur >= prev).all(), bw
+        prev = cur
+    measured = np.array([s.measured_ns for s in r.run(critical_path=False).steps])
+    assert (prev > measured).all()  # 200 Mbit/s is far slower than what they ran on
+
+
+def test_infinite_network_leaves_compute_and_latency(replayers: dict[str, Replayer]) -> None:
+    r = replayers["gloo"]
+    src = parse_network(GLOO_NET)
+    inf = _steps(r, Scenario(source_network=src,
+                             network=parse_network("inter_node_bw=inf", base=src)))
+    fast = _steps(r, Scenario(source_network=src,
+                              network=parse_network("inter_node_bw=1000Gbit/s", base=src)))
+    # transfers priced at latency only: what is left is compute, CPU work and waits
+    w = Scenario(source_network=src, network=parse_network("inter_node_bw=inf", base=src))
+    k, model_ns, _ = collective_factors(r.graph, w)
+    big = r.graph.insts["bytes"] > 1e6  # gradient buckets: bandwidth-bound, so ~vanish
+    assert big.sum() >= 4 and (k[big] < 0.01).all()
+    assert (k < 1).all()  # the small ones keep their latency
+    assert (inf <= fast).all()
+    measured = np.array([s.measured_ns for s in r.run(critical_path=False).steps])
+    res = r.run(w)
+    on_path = sum(s.critical_path.get("comm", 0) for s in res.steps)
+    identity = r.run()
+    assert on_path < 0.2 * sum(s.critical_path["comm"] for s in identity.steps)
+    for s in res.steps:
+        assert s.projected["compute"] == s.measured["compute"]  # CPU work unchanged
+    assert (inf < measured).all()
+
+
+def test_datacenter_split_slows_only_groups_that_span_it(
+        replayers: dict[str, Replayer]) -> None:
+    r = replayers["gloo"]
+    src = parse_network(GLOO_NET)
+    wan = "dc_bw=100Mbit/s,dc_latency=5ms"
+    same_dc = Scenario(source_network=src,
+                       network=parse_network(f"ranks_per_dc=2,{wan}", base=src))
+    split = Scenario(source_network=src,
+                     network=parse_network(f"ranks_per_dc=1,{wan}", base=src))
+    k_same, _, _ = collective_factors(r.graph, same_dc)
+    k_split, _, _ = collective_factors(r.graph, split)
+    assert np.allclose(k_same, 1.0)  # both ranks in one datacenter: nothing changes
+    assert (k_split > 1.5).all()
+    assert (_steps(r, same_dc) == _steps(r, Scenario())).all()
+    assert (_steps(r, split) > _steps(r, same_dc)).all()
+    # on DLRM (8 ranks), 4 per datacenter: every collective spans both, and gets slower
+    d = replayers["dlrm"]
+    k, _, _ = collective_factors(d.graph, Scenario(network=parse_network(
+        f"gpus_per_node=8,ranks_per_dc=4,{wan}")))
+    assert (k > 1).all()
+
+
+def test_dp_scale_recosts_data_parallel_collectives(replayers: dict[str, Replayer]) -> None:
+    r = replayers["dlrm"]
+    k2, _, _ = collective_factors(r.graph, Scenario(dp_scale=2))
+    assert (k2 > 1).all()  # 8 -> 16 ranks: two nodes, inter-node links
+    one = _steps(r, Scenario())
+    assert (_steps(r, Scenario(dp_scale=2)) >= one).all()
+    assert (_steps(r, Scenario(dp_scale=8)) >= _steps(r, Scenario(dp_scale=2))).all()
+
+
+def _toml(key: str) -> dict:
+    return tomllib.loads((REPO / "replay/gpus" / f"{key}.toml").read_text())
+
+
+def test_gpu_projection_of_a_gemm_matches_a_hand_roofline(
+        con: duckdb.DuckDBPyConnection, replayers: dict[str, Replayer]) -> None:
+    r = replayers["dlrm"]
+    row = con.execute(
+        """SELECT k.rank, k.eid, k.dur_ns, o.args->>'Input Dims', o.args->>'Input type'
+           FROM kernels k JOIN events o ON o.job = k.job AND o.rank = k.rank
+            AND o.eid = k.op_eid
+           WHERE k.job = 'dlrm' AND k.category = 'gemm' AND o.name = 'aten::addmm'
+           ORDER BY k.dur_ns DESC LIMIT 1""").fetchone()
+    rank, eid, dur, dims, types = row
+    dims, types = json.loads(dims), json.loads(types)
+    (m, kk), (_, n) = [d for d in dims if len(d) == 2][-2:]
+    flops = 2 * m * kk * n
+    nbytes = 4 * (sum(math.prod(d) for d in dims if d) + m * n)
+    assert types[1] == "float"  # fp32 on V100
+
+    def roof(key: str) -> float:
+        t = _toml(key)
+        return max(flops / (t["peak"]["fp32_tflops"] * 1e12 * t["achievable"]["compute"]),
+                   nbytes / (t["peak"]["hbm_gbps"] * 1e9 * t["achievable"]["memory"]))
+
+    res = r.run(Scenario(gpu=resolve_gpu("h100")))
+    g = r.graph
+    slot = g.ops["slot"][(g.ops["rank"] == rank) & (g.ops["eid"] == eid)][0]
+    projected = res.times_ns[2 * slot + 1] - res.times_ns[2 * slot]
+    assert projected == pytest.approx(dur * roof("h100") / roof("v100"), abs=1)
+    # a faster GPU shrinks the job's GPU compute, a B200 more than an H100
+    b200 = r.run(Scenario(gpu=resolve_gpu("b200")))
+    for s_h, s_b in zip(res.steps, b200.steps, strict=True):
+        assert s_b.projected["compute"] < s_h.projected["compute"] < s_h.measured["compute"]
+
+
+def test_speedup_override_divides_matching_kernels(replayers: dict[str, Replayer]) -> None:
+    from tracetool.replay.compute import parse_speedup
+
+    r = replayers["dlrm"]
+    res = r.run(Scenario(speedups=(parse_speedup("gemm=2"),)))
+    g = r.graph
+    gemm = g.ops["category"].astype(str) == "gemm"
+    s = g.ops["slot"][gemm]
+    dur = res.times_ns[2 * s + 1] - res.times_ns[2 * s]
+    assert np.abs(dur - g.ops["dur"][gemm] / 2).max() <= 1
+    other = g.ops["slot"][~gemm & (g.ops["category"].astype(str) != "comm")]
+    assert np.array_equal(res.times_ns[2 * other + 1] - res.times_ns[2 * other],
+                          (g.t0[2 * other + 1] - g.t0[2 * other]).astype(np.int64))
+
+
+def test_cross_gpu_pair_h100_to_mi300x(con: duckdb.DuckDBPyConnection,
+                                       replayers: dict[str, Replayer]) -> None:
+    """The same model on an H100 and an MI300X: projecting the H100 trace onto the MI300X
+    lands within 15% of the MI300X's measured step (the step is CPU-bound)."""
+    mi = con.execute("SELECT max(end_ns) - min(start_ns) FROM steps "
+                     "WHERE job = 'bert_mi300x' AND complete").fetchone()[0]
+    res = replayers["bert_h100"].run(Scenario(gpu=resolve_gpu("mi300x")))
+    (s,) = res.steps
+    assert abs(s.projected_ns / mi - 1) <= 0.15
+
+
+def test_sweep_axis_units() -> None:
+    assert parse_axis("inter_node_bw=25,50,100Gbit/s") == (
+        "inter_node_bw", ["25Gbit/s", "50Gbit/s", "100Gbit/s"])
+    assert parse_axis("dc_latency=0.5ms,2,10ms") == ("dc_latency", ["0.5ms", "2ms", "10ms"])
+    with pytest.raises(ValueError, match="bad sweep axis"):
+        parse_axis("inter_node_bw")
+
+
+def test_cli_replay_json_and_chrome_trace(store: Path, con: duckdb.DuckDBPyConnection,
+                                          tmp_path: Path) -> None:
+    out = tmp_path / "projected.json"
+    code, stdout, _ = run("replay", store, "--job", "dlrm", "--gpu", "h100", "--network",
+                          "gpus_per_node=4,inter_node_bw=100Gbit/s", "--json",
+                          "--chrome-trace", out)
+    assert code == 0
+    doc = json.loads(stdout)
+    (s,) = doc["steps"]
+    assert s["step"] == 10
+    assert s["low_ns"] <= s["projected_step_ns"] <= s["high_ns"]
+    assert s["measured_step_ns"] == con.execute(
+        "SELECT max(end_ns) - min(start_ns) FROM steps WHERE job = 'dlrm' AND step = 10"
+    ).fetchone()[0]
+    trace = json.loads(out.read_text())
+    slices = [e for e in trace["traceEvents"] if e["ph"] == "X"]
+    # every graph event: X slices on CPU threads and every GPU op (the critical path's nodes)
+    expected = con.execute("""
+        SELECT count(*) FROM events e LEFT JOIN gpu_ops g USING (job, rank, eid)
+        WHERE e.job = 'dlrm' AND e.ph = 'X' AND e.dur_ns >= 0 AND (g.eid IS NOT NULL OR
+        (e.track_kind = 'cpu_thread' AND e.kind NOT IN ('kernel', 'memcpy', 'memset')))"""
+                       ).fetchone()[0]
+    assert len(slices) == doc["chrome_trace"]["events"] == expected
+    assert all(e["dur"] >= 0 for e in slices)
+    assert {e["pid"] for e in slices} == set(range(8))
+
+
+def test_cli_replay_text_and_plot(store: Path, tmp_path: Path) -> None:
+    png = tmp_path / "replay.png"
+    code, stdout, _ = run("replay", store, "--job", "gloo", "--source-network", GLOO_NET,
+                          "--network", "inter_node_bw=200Mbit/s", "--plot", png)
+    assert code == 0, stdout
+    assert "projected critical path:" in stdout and "band ms" in stdout
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_cli_sweep_writes_table_and_plot(store: Path, tmp_path: Path) -> None:
+    out = tmp_path / "sw"
+    code, stdout, _ = run("sweep", store, "--job", "gloo", "--source-network", GLOO_NET,
+                          "--network", "inter_node_bw=0.25,0.5,1,2Gbit/s", "--out", out,
+                          "--json")
+    assert code == 0
+    rows = json.loads(stdout)["rows"]
+    assert [r["setting"] for r in rows] == [f"inter_node_bw={x}Gbit/s"
+                                            for x in ("0.25", "0.5", "1", "2")]
+    proj = [r["projected_step_ns"] for r in rows]
+    assert proj == sorted(proj, reverse=True)  # more bandwidth, shorter steps
+    assert rows[2]["projected_step_ns"] == rows[2]["measured_step_ns"]  # the source network
+    lines = (out / "sweep.csv").read_text().splitlines()
+    assert len(lines) == 5 and lines[0].startswith("setting,steps,measured_step_ns")
+    assert (out / "sweep.png").read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--gpu", "tpu9"], "unknown GPU 'tpu9'"),
+    (["--network", "inter_node_bw=fast"], "bad bandwidth 'fast'"),
+    (["--network", "inter_node_bw=1Gbit/s"], "give --source-network"),
+    (["--network", "nics=2"], "unknown network setting(s) ['nics']"),
+    (["--step", "99"], "has no complete ProfilerStep#99"),
+    (["--speedup", "gemm"], "bad speedup 'gemm'"),
+])
+def test_cli_replay_errors(store: Path, args: list[str], message: str) -> None:
+    code, stdout, stderr = run("replay", store, "--job", "gloo", *args)
+    assert code == 1
+    assert message in stderr and stderr.count("\n") == 1 and "Traceback" not in stderr
+
+
+def test_cli_replay_subprocess(store: Path) -> None:
+    p = subprocess.run([sys.executable, "-m", "tracetool", "replay", str(store), "--job",
+                        "trace_filter", "--json"], capture_output=True, text=True, check=False)
+    assert p.returncode == 0, p.stderr
+    steps = json.loads(p.stdout)["steps"]
+    assert [s["step"] for s in steps] == [551, 552]
+    assert all(s["projected_step_ns"] == s["measured_step_ns"] for s in steps)

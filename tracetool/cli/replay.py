@@ -1,0 +1,167 @@
+"""``tracetool replay``: the step time on other hardware or another network."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+
+import click
+import duckdb
+
+from tracetool.cli._job import open_job
+from tracetool.replay import model
+from tracetool.replay.compute import parse_speedup
+from tracetool.replay.model import Scenario, resolve_gpu
+from tracetool.replay.network import Network, parse_network
+from tracetool.replay.run import BREAKDOWN, Replayer
+
+
+def _spec(text: str) -> str:
+    """A network spec given inline or as a TOML file."""
+    path = Path(text)
+    if path.suffix == ".toml" or (path.is_file() and "=" not in text):
+        try:
+            return path.read_text()
+        except OSError as err:
+            raise ValueError(f"cannot read network file {text}: {err.strerror}") from None
+    return text
+
+
+def scenario_options(fn: Callable) -> Callable:
+    """The what-if options shared by replay and sweep."""
+    for opt in reversed([
+        click.option("--job", help="Job (needed when the store holds several)."),
+        click.option("--source-gpu", help="GPU the trace ran on (default: deviceProperties)."),
+        click.option("--source-network", help="Network the trace ran on: key=value,... or a "
+                     "TOML file (default: the source GPU's usual cluster; required for CPU "
+                     "traces)."),
+        click.option("--speedup", "speedups", multiple=True,
+                     help="Divide matching kernel times: CATEGORY=F or name~REGEX=F "
+                          "(repeatable; e.g. gemm=1.5, name~flash=2)."),
+    ]):
+        fn = opt(fn)
+    return fn
+
+
+def base_scenario(replayer: Replayer, source_gpu: str | None, source_net: str | None,
+                  speedups: tuple[str, ...]) -> Scenario:
+    """The scenario the what-ifs start from: source overrides and speedups."""
+    return Scenario(
+        source_gpu=resolve_gpu(source_gpu) if source_gpu else None,
+        source_network=parse_network(_spec(source_net)) if source_net else None,
+        speedups=tuple(parse_speedup(s) for s in speedups))
+
+
+def fail(store: Path, err: Exception) -> None:
+    """One line on stderr, exit 1."""
+    if isinstance(err, click.ClickException):
+        click.echo(f"tracetool: error: {err.message}", err=True)
+    else:
+        click.echo(f"tracetool: error: {store}: {str(err).strip().splitlines()[0]}", err=True)
+    sys.exit(1)
+
+
+@click.command("replay")
+@click.argument("store", type=click.Path(path_type=Path, file_okay=False))
+@scenario_options
+@click.option("--step", type=int, help="One ProfilerStep (default: every complete step).")
+@click.option("--gpu", help="Project onto this GPU (v100, a100, h100, h200, b200, mi250x, "
+                            "mi300x).")
+@click.option("--network", help="Project onto this network: key=value,... (gpus_per_node, "
+                                "intra_node_bw, inter_node_bw, ..._latency, ranks_per_dc, "
+                                "dc_bw, dc_latency; units like 400Gbit/s, 5us) or a TOML file.")
+@click.option("--dp-scale", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Data-parallel groups K times larger (comm re-costed, compute unchanged).")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@click.option("--chrome-trace", "chrome", type=click.Path(path_type=Path, dir_okay=False),
+              help="Write the projected timeline as a Chrome trace (open in Perfetto).")
+@click.option("--plot", type=click.Path(path_type=Path, dir_okay=False),
+              help="Write a PNG: measured vs projected step time by breakdown.")
+def replay_command(store: Path, job: str | None, source_gpu: str | None,
+                   source_network: str | None, speedups: tuple[str, ...], step: int | None,
+                   gpu: str | None, network: str | None, dp_scale: int, as_json: bool,
+                   chrome: Path | None, plot: Path | None) -> None:
+    """Replay a job's dependency graph with new kernel and collective durations and print
+    measured vs projected step time per step, the projected breakdown, the projected
+    critical path and an uncertainty band. With no what-if it replays the trace as measured
+    (identity).
+
+    Exit code 0, or 1 on a bad store, job, step or setting (one line on stderr)."""
+    try:
+        con, job = open_job(store, job)
+        replayer = Replayer.from_store(con, job)
+        sc = base_scenario(replayer, source_gpu, source_network, speedups)
+        label = []
+        if gpu:
+            sc = _with(sc, gpu=resolve_gpu(gpu))
+            label.append(f"gpu={sc.gpu.key}")
+        if network:
+            base = model.source_network(replayer.graph, sc) or Network()
+            sc = _with(sc, network=parse_network(_spec(network), base=base))
+            label.append(f"network={network}")
+        if dp_scale != 1:
+            sc = _with(sc, dp_scale=dp_scale)
+            label.append(f"dp_scale={dp_scale}")
+        label += [f"speedup {s}" for s in speedups]
+        sc = _with(sc, label=", ".join(label) or "identity")
+        result = replayer.run(sc)
+        if step is not None:
+            result.steps = [s for s in result.steps if s.step == step]
+            if not result.steps:
+                raise click.ClickException(f"{store}: job {job} has no complete "
+                                           f"ProfilerStep#{step}")
+        if not result.steps:
+            raise click.ClickException(f"{store}: job {job} has no complete ProfilerStep")
+        written = None
+        if chrome:
+            from tracetool.replay.timeline import write_projected_trace
+
+            written = write_projected_trace(con, replayer.graph, result, chrome)
+        if plot:
+            from tracetool.replay.plots import plot_replay
+
+            plot_replay(result, plot)
+        con.close()
+    except (click.ClickException, duckdb.Error, OSError, ValueError) as err:
+        fail(store, err)
+        return
+    report = result.to_dict()
+    if chrome:
+        report["chrome_trace"] = {"path": str(chrome), "events": written}
+    if as_json:
+        click.echo(json.dumps(report))
+        return
+    click.echo(f"job {job}, scenario: {result.scenario}")
+    for note in result.notes:
+        click.echo(f"note: {note}")
+    click.echo(f"{'step':>6} {'measured ms':>12} {'projected ms':>13} {'band ms':>22} "
+               f"{'change':>8}")
+    for s in result.steps:
+        band = f"[{s.low_ns / 1e6:.3f}, {s.high_ns / 1e6:.3f}]"
+        click.echo(f"{s.step:>6} {s.measured_ns / 1e6:12.3f} {s.projected_ns / 1e6:13.3f} "
+                   f"{band:>22} {100 * s.error:+7.1f}%")
+    n = len(result.steps)
+    for title, key in (("measured", "measured"), ("projected", "projected")):
+        parts = {k: sum(getattr(s, key)[k] for s in result.steps) / n for k in BREAKDOWN}
+        total = sum(parts.values()) or 1
+        click.echo(f"{title} breakdown (mean step, mean over ranks): " + ", ".join(
+            f"{k.replace('_', ' ')} {v / 1e6:.3f} ms ({100 * v / total:.0f}%)"
+            for k, v in parts.items()))
+    path: dict[str, int] = {}
+    for s in result.steps:
+        for k, v in s.critical_path.items():
+            path[k] = path.get(k, 0) + v
+    total = sum(path.values()) or 1
+    click.echo("projected critical path: " + ", ".join(
+        f"{k} {100 * v / total:.0f}%" for k, v in sorted(path.items(), key=lambda kv: -kv[1])))
+    if chrome:
+        click.echo(f"wrote {chrome} ({written} events): open it in https://ui.perfetto.dev")
+    if plot:
+        click.echo(f"wrote {plot}")
+
+
+def _with(sc: Scenario, **changes: object) -> Scenario:
+    return replace(sc, **changes)

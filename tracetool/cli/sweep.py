@@ -1,0 +1,88 @@
+"""``tracetool sweep``: one built graph replayed over a grid of what-ifs."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+from pathlib import Path
+
+import click
+import duckdb
+
+from tracetool.cli._job import open_job
+from tracetool.cli.replay import base_scenario, fail, scenario_options
+from tracetool.replay.plots import plot_sweep
+from tracetool.replay.run import BREAKDOWN, Replayer
+from tracetool.replay.sweep import sweep
+
+
+@click.command("sweep")
+@click.argument("store", type=click.Path(path_type=Path, file_okay=False))
+@scenario_options
+@click.option("--network", "axes", multiple=True,
+              help="A network axis key=v1,v2,... (e.g. inter_node_bw=25,50,100Gbit/s); "
+                   "repeat for a grid.")
+@click.option("--gpu", "gpus", help="GPUs to project onto, comma-separated (an axis).")
+@click.option("--dp-scale", "dp_scales", help="Data-parallel scales, comma-separated (an axis).")
+@click.option("--out", type=click.Path(path_type=Path, file_okay=False), default=Path("sweep"),
+              show_default=True, help="Directory for sweep.csv and sweep.png.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+def sweep_command(store: Path, job: str | None, source_gpu: str | None,
+                  source_network: str | None, speedups: tuple[str, ...], axes: tuple[str, ...],
+                  gpus: str | None, dp_scales: str | None, out: Path, as_json: bool) -> None:
+    """Evaluate a grid of settings against one built graph: a table (sweep.csv) and a PNG
+    (sweep.png: step time against the setting, stacked by compute / memcpy / exposed comm /
+    idle).
+
+    Exit code 0, or 1 on a bad store, job or setting (one line on stderr)."""
+    try:
+        if not axes and not gpus and not dp_scales:
+            raise click.ClickException("nothing to sweep: give --network key=v1,v2,..., "
+                                       "--gpu or --dp-scale")
+        scales = None
+        if dp_scales:
+            try:
+                scales = [int(x) for x in dp_scales.split(",")]
+            except ValueError:
+                scales = [0]
+            if min(scales) < 1:
+                raise click.ClickException(f"bad --dp-scale {dp_scales!r}: integers >= 1")
+        con, job = open_job(store, job)
+        replayer = Replayer.from_store(con, job)
+        base = base_scenario(replayer, source_gpu, source_network, speedups)
+        rows = sweep(replayer, base, list(axes),
+                     [g.strip() for g in gpus.split(",")] if gpus else None, scales)
+        con.close()
+        out.mkdir(parents=True, exist_ok=True)
+        table, png = out / "sweep.csv", out / "sweep.png"
+        _write_csv(rows, table)
+        axis = " x ".join([a.split("=")[0] for a in axes] + (["gpu"] if gpus else [])
+                          + (["dp_scale"] if dp_scales else []))
+        plot_sweep(rows, axis, png)
+    except (click.ClickException, duckdb.Error, OSError, ValueError) as err:
+        fail(store, err)
+        return
+    if as_json:
+        click.echo(json.dumps({"job": job, "rows": rows, "csv": str(table), "png": str(png)}))
+        return
+    click.echo(f"job {job}: {len(rows)} settings, one graph")
+    click.echo(f"{'setting':40} {'measured ms':>12} {'projected ms':>13} {'band ms':>22}")
+    for r in rows:
+        band = f"[{r['low_ns'] / 1e6:.3f}, {r['high_ns'] / 1e6:.3f}]"
+        click.echo(f"{r['setting']:40} {r['measured_step_ns'] / 1e6:12.3f} "
+                   f"{r['projected_step_ns'] / 1e6:13.3f} {band:>22}")
+    click.echo(f"wrote {table} and {png}")
+
+
+def _write_csv(rows: list[dict], path: Path) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["setting", "steps", "measured_step_ns", "projected_step_ns", "low_ns",
+                    "high_ns", *[f"{k}_ns" for k in BREAKDOWN], "comm_ns"])
+        for r in rows:
+            b = r["projected_breakdown_ns"]
+            w.writerow([r["setting"], r["steps"], r["measured_step_ns"], r["projected_step_ns"],
+                        r["low_ns"], r["high_ns"], *[b[k] for k in BREAKDOWN], b["comm_ns"]])
+    os.replace(tmp, path)
