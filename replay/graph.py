@@ -42,6 +42,7 @@ FIXED, OP_DURATION, COMM_DURATION, TRANSFER, ARRIVAL = range(5)
 _COLLECTIVE = KIND_NAMES.index("collective")
 _CPU_ORDER = KIND_NAMES.index("cpu_order")
 _GPU_ORDER = KIND_NAMES.index("gpu_order")
+_THREAD_WAKE = KIND_NAMES.index("thread_wake")
 
 
 @dataclass
@@ -126,6 +127,38 @@ FROM collectives c JOIN _cp_events n ON n.job = c.job AND n.rank = c.rank
 WHERE c.job = ?"""
 
 
+# A thread that went idle while a CPU-side transfer (a gloo span on a gloo thread) was in
+# flight, and resumed around its end, was waiting for it (DDP's finalize waits on the bucket
+# futures; the wait itself is not recorded). The future completes a little before the span's
+# recorded end, so the resume may precede it (a negative lag, kept as measured). Tolerance:
+# 5% of the span, at least 100 us. The critical path's thread_wake edges need the waker to
+# end inside the gap, which these do not.
+_GLOO_WAKE_SQL = """
+WITH pts AS (
+    SELECT rank, track_id, eid * 2 AS node, ts_ns AS t, depth,
+           ((4096 + depth)::BIGINT << 40) + eid * 2 AS ord
+    FROM _cp_events WHERE job = $job AND NOT is_gpu
+    UNION ALL
+    SELECT rank, track_id, eid * 2 + 1, end_ns, depth,
+           (CASE WHEN end_ns > ts_ns THEN 2048 - depth ELSE 4096 + depth END)::BIGINT << 40
+               | (eid * 2 + 1)
+    FROM _cp_events WHERE job = $job AND NOT is_gpu),
+chain AS (
+    SELECT rank, track_id, node, t, lag(t) OVER w AS p_t FROM pts
+    WINDOW w AS (PARTITION BY rank, track_id ORDER BY t, ord)),
+gaps AS (SELECT * FROM chain WHERE node % 2 = 0 AND t > p_t),
+spans AS (
+    SELECT e.rank, e.track_id, e.eid, e.ts_ns, e.end_ns FROM _cp_events e
+    JOIN collectives c ON c.job = $job AND c.rank = e.rank AND c.gloo_eid = e.eid
+    WHERE e.job = $job)
+SELECT s.rank, s.eid, g.node, g.t - s.end_ns AS lag
+FROM gaps g JOIN spans s ON s.rank = g.rank AND s.track_id <> g.track_id
+ AND s.ts_ns <= g.p_t AND s.end_ns > g.p_t
+ AND s.end_ns <= g.t + greatest(100000, (s.end_ns - s.ts_ns) // 20)
+QUALIFY row_number() OVER (PARTITION BY g.rank, g.node ORDER BY abs(g.t - s.end_ns)) = 1
+"""
+
+
 def build_graph(con: duckdb.DuckDBPyConnection, job: str) -> ReplayGraph:
     """The replay graph of ``job`` (``con`` from ``tracetool.connect``). Builds the critical
     path's ``edges`` first when this connection has none for the job."""
@@ -190,6 +223,14 @@ def build_graph(con: duckdb.DuckDBPyConnection, job: str) -> ReplayGraph:
     op_parts = [np.full(int(keep.sum()), -1, dtype=np.int64)]
     inst_parts = [np.full(int(keep.sum()), -1, dtype=np.int64)]
 
+    wake = con.execute(_GLOO_WAKE_SQL, {"job": job}).fetchnumpy()
+    n_wake = len(wake["node"])
+    src_parts.append(2 * slot_of(wake["rank"], wake["eid"]) + 1)
+    dst_parts.append(base[np.searchsorted(ranks, wake["rank"])] * 2 + wake["node"])
+    kind_parts.append(np.full(n_wake, _THREAD_WAKE, dtype=np.int8))
+    role_parts.append(np.full(n_wake, FIXED, dtype=np.int8))
+    op_parts.append(np.full(n_wake, -1, dtype=np.int64))
+    inst_parts.append(np.full(n_wake, -1, dtype=np.int64))
     # duration edges: compute/memcpy ops scale with the GPU model; transfers with the network
     is_x = x_inst[op_slot] >= 0
     n_ops = len(op_slot)

@@ -197,7 +197,17 @@ class Replayer:
         ev = ev[g.rank[ev] >= 0]
         ends = 2 * ev + 1
         ends = ends[np.lexsort((g.eid[ev], g.rank[ev], g.is_gpu[ev], ti[ends]))]
-        pg = PathGraph(t=ti, pred=np.where(has, g.src[np.maximum(edge, 0)], -1),
+        pred = np.where(has, g.src[np.maximum(edge, 0)], -1)
+        # an edge with a negative weight (a wait that ended just before its transfer's
+        # recorded end) points forward in time: follow its source's own binding chain back
+        # to the first point at or before the waiting one, so the path stays contiguous
+        late = np.flatnonzero((pred >= 0) & (ti[np.maximum(pred, 0)] > ti))
+        for _ in range(64):
+            if len(late) == 0:
+                break
+            pred[late] = pred[pred[late]]
+            late = late[(pred[late] >= 0) & (ti[np.maximum(pred[late], 0)] > ti[late])]
+        pg = PathGraph(t=ti, pred=pred,
                        pred_kind=np.where(has, g.kind[np.maximum(edge, 0)], -1).astype(np.int8),
                        ends=ends, rank=g.rank, eid=g.eid, track=g.track, cls=g.cls,
                        parent=g.parent)
