@@ -5,7 +5,8 @@
 -- @view kernels: GPU kernels with a coarse category, for breakdowns and projections.
 -- job, rank: the trace. eid: the kernel's event id. name: kernel name.
 -- category (from the function name, before template or call arguments):
---   comm (collective/communication kernels), gemm (matmul/GEMM/cutlass/cublas/bmm), conv
+--   comm (collective/communication kernels), gemm (matmul/GEMM/cutlass/cublas/bmm, AMD
+--   Tensile/hipBLASLt Cijk_*), conv
 --   (convolutions), attention (flash/fmha/sdpa), norm (layer/batch/group/rms norm), reduction
 --   (reduce/sum/softmax/argmax), elementwise (vectorized/elementwise/pointwise/triton_poi),
 --   other.
@@ -18,7 +19,8 @@ SELECT job, rank, eid, name,
        CASE
          WHEN is_comm THEN 'comm'
          WHEN regexp_matches(fn, 'gemm|matmul|cutlass|cublas|bmm|nvjet|wgmma|xmma|splitk|'
-                                 || '^ampere_.*_(tn|nn|nt|tt)') THEN 'gemm'
+                                 || '^ampere_.*_(tn|nn|nt|tt)|^cijk_|tensile|hipblaslt|rocblas')
+              THEN 'gemm'
          WHEN regexp_matches(fn, 'conv|winograd|dgrad|wgrad') THEN 'conv'
          WHEN regexp_matches(fn, 'flash|fmha|attention|sdpa|attn') THEN 'attention'
          WHEN regexp_matches(fn, 'norm') THEN 'norm'
@@ -29,8 +31,10 @@ SELECT job, rank, eid, name,
        END AS category,
        device, stream, ts_ns, end_ns, dur_ns, step, launch_eid, launch_ts_ns, op_eid, op_name,
        grid_x, grid_y, grid_z, block_x, block_y, block_z, registers_per_thread, shared_memory
-FROM (SELECT *, lower(regexp_extract(name, '^([^<(]*)', 1)) AS fn  -- the function name, not
-      FROM gpu_ops WHERE kind = 'kernel');                           -- template arguments
+FROM (SELECT *,  -- the function name, without template or call arguments
+             lower(regexp_extract(replace(name, '(anonymous namespace)', ''), '^([^<(]*)', 1))
+                 AS fn
+      FROM gpu_ops WHERE kind = 'kernel');
 
 -- @view cpu_ops: CPU operators (cat cpu_op, or Operator before 2022) with their self time.
 -- job, rank, eid, name, tid: the op and its thread. ts_ns, end_ns, dur_ns: when, how long.
