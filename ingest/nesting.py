@@ -11,7 +11,9 @@ slice open at their time (slices starting at that very time included), ``f`` wit
 point to the next slice that starts at or after it.
 
 Both sorted streams arrive in batches and are merged in one pass, so memory does not grow with
-the trace: results go straight into (memory-mapped) arrays indexed by eid.
+the trace: results go straight into (memory-mapped) arrays indexed by eid. The merge runs in a
+compiled (numba) kernel that keeps its open-slice stack in small arrays between batches; a
+Python loop over every event was half of the derivation stage.
 """
 
 from __future__ import annotations
@@ -20,44 +22,95 @@ from array import array
 from collections.abc import Iterator
 
 import numpy as np
+from numba import njit
 
 Batch = dict[str, np.ndarray]
 
-
-class _Stack:
-    __slots__ = ("track", "start", "end", "eid")
-
-    def __init__(self) -> None:
-        self.track: object = None
-        self.start: list[int] = []
-        self.end: list[int] = []
-        self.eid: list[int] = []
-
-    def reset(self, track: object) -> None:
-        self.track = track
-        self.start.clear()
-        self.end.clear()
-        self.eid.clear()
-
-    def close_before(self, t: int) -> None:
-        """Pop slices over by time t ([start, end) half-open; zero-length at t stays)."""
-        start, end, eid = self.start, self.end, self.eid
-        while end and (end[-1] < t or (end[-1] == t and start[-1] < end[-1])):
-            start.pop()
-            end.pop()
-            eid.pop()
+_NO_TRACK = np.iinfo(np.int64).min
+NEED_SLICES, NEED_FLOWS, NEED_STACK, DONE = range(4)
 
 
-def _slices(batches: Iterator[Batch]) -> Iterator[tuple[int, int, int, int]]:
-    for b in batches:
-        yield from zip(b["track_id"].tolist(), b["ts_ns"].tolist(), b["dur_ns"].tolist(),
-                       b["eid"].tolist(), strict=True)
+@njit(cache=True)
+def _close_before(t, st_start, st_end, sp):  # noqa: ANN001, ANN202  # pragma: no cover
+    """Pop slices over by time t ([start, end) half-open; zero-length at t stays)."""
+    while sp > 0 and (st_end[sp - 1] < t or (st_end[sp - 1] == t
+                                             and st_start[sp - 1] < st_end[sp - 1])):
+        sp -= 1
+    return sp
 
 
-def _flows(batches: Iterator[Batch]) -> Iterator[tuple[int, int, int, bool]]:
-    for b in batches:
-        yield from zip(b["track_id"].tolist(), b["ts_ns"].tolist(), b["eid"].tolist(),
-                       np.asarray(b["nxt"], dtype=bool).tolist(), strict=True)
+@njit(cache=True)
+def _merge(sl_track, sl_ts, sl_dur, sl_eid, i, slices_done,  # noqa: ANN001, ANN202, PLR0913
+           fl_track, fl_ts, fl_eid, fl_nxt, fl_bound, j, flows_done,
+           st_start, st_end, st_eid, state, depth, parent, overlap):  # pragma: no cover
+    """Merge sorted slices and flows from positions i and j until a batch runs out.
+    state = [stack size, current track]. Returns (status, i, j)."""
+    ns, nf, cap = len(sl_eid), len(fl_eid), len(st_eid)
+    sp, cur = state[0], state[1]
+    status = DONE
+    while True:
+        if j < nf and (i < ns or slices_done):
+            ft, t = fl_track[j], fl_ts[j]
+            if i >= ns or ft < sl_track[i] or (ft == sl_track[i] and t < sl_ts[i]):
+                found = -1
+                if cur == ft:
+                    if fl_nxt[j]:
+                        # the first slice to begin at or after t: one already open that
+                        # began at t (the outermost such), else the upcoming one
+                        for m in range(sp - 1, -1, -1):
+                            if st_start[m] != t:
+                                break
+                            found = st_eid[m]
+                    else:
+                        sp = _close_before(t, st_start, st_end, sp)
+                        if sp > 0:
+                            found = st_eid[sp - 1]
+                if found < 0 and fl_nxt[j] and i < ns and sl_track[i] == ft:
+                    found = sl_eid[i]
+                fl_bound[j] = found
+                j += 1
+                continue
+        elif j >= nf and not flows_done:
+            status = NEED_FLOWS
+            break
+        if i >= ns:
+            status = DONE if slices_done else NEED_SLICES
+            if j < nf and slices_done:
+                continue
+            break
+        if sp == cap:
+            status = NEED_STACK
+            break
+        track, s, eid = sl_track[i], sl_ts[i], sl_eid[i]
+        if track != cur:
+            sp = 0
+            cur = track
+        sp = _close_before(s, st_start, st_end, sp)
+        e = s + sl_dur[i]
+        if sp > 0:
+            parent[eid] = st_eid[sp - 1]
+            overlap[eid] = e > st_end[sp - 1]
+        depth[eid] = sp
+        st_start[sp] = s
+        st_end[sp] = e
+        st_eid[sp] = eid
+        sp += 1
+        i += 1
+    state[0] = sp
+    state[1] = cur
+    return status, i, j
+
+
+_EMPTY_SLICES = {k: np.zeros(0, dtype=np.int64) for k in ("track_id", "ts_ns", "dur_ns", "eid")}
+_EMPTY_FLOWS = {"track_id": np.zeros(0, dtype=np.int64), "ts_ns": np.zeros(0, dtype=np.int64),
+                "eid": np.zeros(0, dtype=np.int64), "nxt": np.zeros(0, dtype=np.bool_)}
+
+
+def _ints(b: Batch, keys: tuple[str, ...]) -> Batch:
+    out = {k: np.ascontiguousarray(b[k], dtype=np.int64) for k in keys}
+    if "nxt" in b:
+        out["nxt"] = np.ascontiguousarray(b["nxt"], dtype=np.bool_)
+    return out
 
 
 def nest_and_bind(
@@ -69,51 +122,36 @@ def nest_and_bind(
 ) -> tuple[array, array]:
     """Fill depth/parent/overlap (indexed by eid) from slices sorted by (track, ts, -dur, eid);
     bind flows sorted by (track, ts, eid). Returns (flow eids, bound slice eid or -1)."""
-    stack = _Stack()
-    flow_eids = array("q")  # compact: a trace can have millions of flows
-    bound = array("q")
-    flows = _flows(flow_batches)
-    nxt_flow = next(flows, None)
-
-    def bind(flow: tuple[int, int, int, bool], upcoming: tuple | None) -> None:
-        f_track, t, f_eid, to_next = flow
-        found = -1
-        if stack.track == f_track:
-            if to_next:
-                # the first slice to begin at or after t: one already open that began at t
-                # (the outermost such), else the upcoming one
-                for m in range(len(stack.start) - 1, -1, -1):
-                    if stack.start[m] != t:
-                        break
-                    found = stack.eid[m]
-            else:
-                stack.close_before(t)
-                if stack.end:
-                    found = stack.eid[-1]
-        if found < 0 and to_next and upcoming is not None and upcoming[0] == f_track:
-            found = upcoming[3]
-        flow_eids.append(f_eid)
-        bound.append(found)
-
-    for sl in _slices(slice_batches):
-        track, s, d, eid = sl
-        # flows that come before this slice in (track, ts) order bind now
-        while nxt_flow is not None and (nxt_flow[0] < track or
-                                        (nxt_flow[0] == track and nxt_flow[1] < s)):
-            bind(nxt_flow, sl)
-            nxt_flow = next(flows, None)
-        if track != stack.track:
-            stack.reset(track)
-        stack.close_before(s)
-        e = s + d
-        if stack.end:
-            parent[eid] = stack.eid[-1]
-            overlap[eid] = e > stack.end[-1]
-        depth[eid] = len(stack.end)
-        stack.start.append(s)
-        stack.end.append(e)
-        stack.eid.append(eid)
-    while nxt_flow is not None:
-        bind(nxt_flow, None)
-        nxt_flow = next(flows, None)
-    return flow_eids, bound
+    depth, parent, overlap = np.asarray(depth), np.asarray(parent), np.asarray(overlap)
+    st = [np.zeros(4096, dtype=np.int64) for _ in range(3)]
+    state = np.array([0, _NO_TRACK], dtype=np.int64)
+    flow_eids, bound = array("q"), array("q")
+    slices = (_ints(b, ("track_id", "ts_ns", "dur_ns", "eid")) for b in slice_batches)
+    flows = (_ints(b, ("track_id", "ts_ns", "eid")) for b in flow_batches)
+    sb, fb = next(slices, None), next(flows, None)
+    slices_done, flows_done = sb is None, fb is None
+    sb, fb = sb or _EMPTY_SLICES, fb or _EMPTY_FLOWS
+    fl_bound = np.full(len(fb["eid"]), -1, dtype=np.int64)
+    i = j = 0
+    while True:
+        status, i, j = _merge(
+            sb["track_id"], sb["ts_ns"], sb["dur_ns"], sb["eid"], i, slices_done,
+            fb["track_id"], fb["ts_ns"], fb["eid"], fb["nxt"], fl_bound, j, flows_done,
+            st[0], st[1], st[2], state, depth, parent, overlap)
+        if status == NEED_STACK:
+            st = [np.concatenate([a, np.zeros_like(a)]) for a in st]
+        elif status == NEED_SLICES:
+            nxt = next(slices, None)
+            slices_done = nxt is None
+            sb, i = nxt or _EMPTY_SLICES, 0
+        elif status == NEED_FLOWS:
+            flow_eids.frombytes(fb["eid"].tobytes())
+            bound.frombytes(fl_bound.tobytes())
+            nxt = next(flows, None)
+            flows_done = nxt is None
+            fb, j = nxt or _EMPTY_FLOWS, 0
+            fl_bound = np.full(len(fb["eid"]), -1, dtype=np.int64)
+        else:
+            flow_eids.frombytes(fb["eid"][:j].tobytes())
+            bound.frombytes(fl_bound[:j].tobytes())
+            return flow_eids, bound
