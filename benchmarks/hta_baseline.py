@@ -59,15 +59,14 @@ class RunResult:
     seconds: float  # wall clock of the whole subprocess
     maxrss_mb: float  # largest single process in the tree (wait4 ru_maxrss)
     tree_peak_rss_mb: float  # peak of the summed RSS of the process tree (sampled /proc)
+    tree_peak_pss_mb: float  # the same with PSS: shared and copy-on-write pages counted once
     stdout: str
     stderr: str
 
 
-def _tree_rss_kb(root: int) -> int:
-    """Sum of VmRSS over `root` and its descendants, read from /proc (Linux only)."""
+def _tree(root: int) -> list[int]:
+    """`root` and its descendants, from /proc (Linux only)."""
     children: dict[int, list[int]] = {}
-    rss: dict[int, int] = {}
-    page_kb = os.sysconf("SC_PAGE_SIZE") // 1024
     for d in os.listdir("/proc"):
         if not d.isdigit():
             continue
@@ -75,17 +74,33 @@ def _tree_rss_kb(root: int) -> int:
             with open(f"/proc/{d}/stat", "rb") as f:
                 stat = f.read()
             ppid = int(stat[stat.rindex(b")") + 2 :].split()[1])
-            with open(f"/proc/{d}/statm", "rb") as f:
-                rss[int(d)] = int(f.read().split()[1]) * page_kb
         except (OSError, ValueError, IndexError):
             continue
         children.setdefault(ppid, []).append(int(d))
-    total, todo = 0, [root]
+    out, todo = [], [root]
     while todo:
         p = todo.pop()
-        total += rss.get(p, 0)
+        out.append(p)
         todo.extend(children.get(p, ()))
-    return total
+    return out
+
+
+def _tree_rss_pss_kb(root: int) -> tuple[int, int]:
+    """Summed RSS and PSS (kB) of `root` and its descendants. RSS counts a page once per
+    process that maps it, so forked workers sharing their parent's pages inflate it; PSS
+    splits each shared page between its sharers, so the sum is the tree's real footprint."""
+    rss = pss = 0
+    for p in _tree(root):
+        try:
+            with open(f"/proc/{p}/smaps_rollup", "rb") as f:
+                for line in f:
+                    if line.startswith(b"Rss:"):
+                        rss += int(line.split()[1])
+                    elif line.startswith(b"Pss:"):
+                        pss += int(line.split()[1])
+        except (OSError, ValueError):
+            continue
+    return rss, pss
 
 
 def run_measured(
@@ -96,16 +111,17 @@ def run_measured(
 
     wait4() gives the kernel's exact per-process peak (max over the tree); a sampler thread adds
     the summed RSS of the whole tree, which is what matters with parallel workers (a /proc walk
-    costs ~2 ms, so 0.1 s sampling takes ~2% of one core from the measured run)."""
+    costs a few ms, so 0.1 s sampling takes ~2% of one core from the measured run)."""
     t0 = time.perf_counter()
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         p = subprocess.Popen(cmd, stdout=out, stderr=err, env=env)
-        peak = [0]
+        peak = [0, 0]
         stop = threading.Event()
 
         def sample() -> None:
             while not stop.is_set():
-                peak[0] = max(peak[0], _tree_rss_kb(p.pid))
+                rss, pss = _tree_rss_pss_kb(p.pid)
+                peak[0], peak[1] = max(peak[0], rss), max(peak[1], pss)
                 stop.wait(sample_interval)
 
         th = threading.Thread(target=sample, daemon=True)
@@ -131,6 +147,7 @@ def run_measured(
             seconds=seconds,
             maxrss_mb=(ru.ru_maxrss / 1024) if ru else 0.0,
             tree_peak_rss_mb=max(peak[0], ru.ru_maxrss if ru else 0) / 1024,
+            tree_peak_pss_mb=peak[1] / 1024,
             stdout=out.read().decode(errors="replace"),
             stderr=err.read().decode(errors="replace"),
         )

@@ -97,6 +97,7 @@ class CaseResult:
     gen_events: int
     seconds: list[float] = field(default_factory=list)
     peak_rss_mb: float = 0.0  # summed RSS of the process tree, max over runs
+    peak_pss_mb: float = 0.0  # summed PSS (shared pages counted once), max over runs
     max_process_rss_mb: float = 0.0  # largest single process, max over runs
     events_read: int | None = None
     events_stored: int | None = None
@@ -198,7 +199,7 @@ def print_table(
     """Readable summary table."""
     hta_mb_s = hta["mb_per_s"] if hta else None
     cols = ("case", "MB", "events_read", "median s", "MB/s", "Mev/s", "peak RSS MB",
-            "vs HTA", "vs json.load")
+            "peak PSS MB", "vs HTA", "vs json.load")
     rows = []
     for r in results:
         s = r.summary(hta_mb_s)
@@ -207,7 +208,7 @@ def print_table(
             "-" if r.events_read is None else str(r.events_read),
             _fmt(r.median or None, ".2f"), _fmt(r.mb_per_s or None, ".1f"),
             _fmt(r.events_per_s / 1e6 if r.events_per_s else None, ".2f"),
-            _fmt(r.peak_rss_mb or None, ".0f"),
+            _fmt(r.peak_rss_mb or None, ".0f"), _fmt(r.peak_pss_mb or None, ".0f"),
             _fmt(s["vs_hta"], ".1f") + ("x" if s["vs_hta"] else ""),
             _fmt(s["vs_json_load"], ".2f") + ("x" if s["vs_json_load"] else ""),
         ))
@@ -291,6 +292,7 @@ def main(argv: list[str] | None = None) -> int:
                 break
             res.seconds.append(r.seconds)
             res.peak_rss_mb = max(res.peak_rss_mb, r.tree_peak_rss_mb)
+            res.peak_pss_mb = max(res.peak_pss_mb, r.tree_peak_pss_mb)
             res.max_process_rss_mb = max(res.max_process_rss_mb, r.maxrss_mb)
             res.events_read = rep.get("events_read")
             res.events_stored = rep.get("events_stored")

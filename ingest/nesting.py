@@ -22,83 +22,10 @@ from array import array
 from collections.abc import Iterator
 
 import numpy as np
-from numba import njit
 
 Batch = dict[str, np.ndarray]
 
 _NO_TRACK = np.iinfo(np.int64).min
-NEED_SLICES, NEED_FLOWS, NEED_STACK, DONE = range(4)
-
-
-@njit(cache=True)
-def _close_before(t, st_start, st_end, sp):  # noqa: ANN001, ANN202  # pragma: no cover
-    """Pop slices over by time t ([start, end) half-open; zero-length at t stays)."""
-    while sp > 0 and (st_end[sp - 1] < t or (st_end[sp - 1] == t
-                                             and st_start[sp - 1] < st_end[sp - 1])):
-        sp -= 1
-    return sp
-
-
-@njit(cache=True)
-def _merge(sl_track, sl_ts, sl_dur, sl_eid, i, slices_done,  # noqa: ANN001, ANN202, PLR0913
-           fl_track, fl_ts, fl_eid, fl_nxt, fl_bound, j, flows_done,
-           st_start, st_end, st_eid, state, depth, parent, overlap):  # pragma: no cover
-    """Merge sorted slices and flows from positions i and j until a batch runs out.
-    state = [stack size, current track]. Returns (status, i, j)."""
-    ns, nf, cap = len(sl_eid), len(fl_eid), len(st_eid)
-    sp, cur = state[0], state[1]
-    status = DONE
-    while True:
-        if j < nf and (i < ns or slices_done):
-            ft, t = fl_track[j], fl_ts[j]
-            if i >= ns or ft < sl_track[i] or (ft == sl_track[i] and t < sl_ts[i]):
-                found = -1
-                if cur == ft:
-                    if fl_nxt[j]:
-                        # the first slice to begin at or after t: one already open that
-                        # began at t (the outermost such), else the upcoming one
-                        for m in range(sp - 1, -1, -1):
-                            if st_start[m] != t:
-                                break
-                            found = st_eid[m]
-                    else:
-                        sp = _close_before(t, st_start, st_end, sp)
-                        if sp > 0:
-                            found = st_eid[sp - 1]
-                if found < 0 and fl_nxt[j] and i < ns and sl_track[i] == ft:
-                    found = sl_eid[i]
-                fl_bound[j] = found
-                j += 1
-                continue
-        elif j >= nf and not flows_done:
-            status = NEED_FLOWS
-            break
-        if i >= ns:
-            status = DONE if slices_done else NEED_SLICES
-            if j < nf and slices_done:
-                continue
-            break
-        if sp == cap:
-            status = NEED_STACK
-            break
-        track, s, eid = sl_track[i], sl_ts[i], sl_eid[i]
-        if track != cur:
-            sp = 0
-            cur = track
-        sp = _close_before(s, st_start, st_end, sp)
-        e = s + sl_dur[i]
-        if sp > 0:
-            parent[eid] = st_eid[sp - 1]
-            overlap[eid] = e > st_end[sp - 1]
-        depth[eid] = sp
-        st_start[sp] = s
-        st_end[sp] = e
-        st_eid[sp] = eid
-        sp += 1
-        i += 1
-    state[0] = sp
-    state[1] = cur
-    return status, i, j
 
 
 _EMPTY_SLICES = {k: np.zeros(0, dtype=np.int64) for k in ("track_id", "ts_ns", "dur_ns", "eid")}
@@ -122,6 +49,10 @@ def nest_and_bind(
 ) -> tuple[array, array]:
     """Fill depth/parent/overlap (indexed by eid) from slices sorted by (track, ts, -dur, eid);
     bind flows sorted by (track, ts, eid). Returns (flow eids, bound slice eid or -1)."""
+    # imported here, not at the top: the decode workers fork before this runs and need not
+    # carry the compiler (about 100 MB of RSS each)
+    from ._nest_kernel import DONE, NEED_FLOWS, NEED_SLICES, NEED_STACK, merge
+
     depth, parent, overlap = np.asarray(depth), np.asarray(parent), np.asarray(overlap)
     st = [np.zeros(4096, dtype=np.int64) for _ in range(3)]
     state = np.array([0, _NO_TRACK], dtype=np.int64)
@@ -134,7 +65,7 @@ def nest_and_bind(
     fl_bound = np.full(len(fb["eid"]), -1, dtype=np.int64)
     i = j = 0
     while True:
-        status, i, j = _merge(
+        status, i, j = merge(
             sb["track_id"], sb["ts_ns"], sb["dur_ns"], sb["eid"], i, slices_done,
             fb["track_id"], fb["ts_ns"], fb["eid"], fb["nxt"], fl_bound, j, flows_done,
             st[0], st[1], st[2], state, depth, parent, overlap)
@@ -152,6 +83,7 @@ def nest_and_bind(
             fb, j = nxt or _EMPTY_FLOWS, 0
             fl_bound = np.full(len(fb["eid"]), -1, dtype=np.int64)
         else:
+            assert status == DONE
             flow_eids.frombytes(fb["eid"][:j].tobytes())
             bound.frombytes(fl_bound[:j].tobytes())
             return flow_eids, bound

@@ -35,7 +35,13 @@ from dataclasses import dataclass
 import duckdb
 import numpy as np
 
-from tracetool.analysis.critical_path import CLASSES, KIND_NAMES, _has_graph, build_edges
+from tracetool.analysis.critical_path import (
+    _CHAIN_SQL,
+    CLASSES,
+    KIND_NAMES,
+    _has_graph,
+    build_edges,
+)
 
 # roles of an edge in the replay: what a scenario may change about it
 FIXED, OP_DURATION, COMM_DURATION, TRANSFER, ARRIVAL = range(5)
@@ -134,19 +140,7 @@ WHERE c.job = ?"""
 # 5% of the span, at least 100 us. The critical path's thread_wake edges need the waker to
 # end inside the gap, which these do not.
 _GLOO_WAKE_SQL = """
-WITH pts AS (
-    SELECT rank, track_id, eid * 2 AS node, ts_ns AS t, depth,
-           ((4096 + depth)::BIGINT << 40) + eid * 2 AS ord
-    FROM _cp_events WHERE job = $job AND NOT is_gpu
-    UNION ALL
-    SELECT rank, track_id, eid * 2 + 1, end_ns, depth,
-           (CASE WHEN end_ns > ts_ns THEN 2048 - depth ELSE 4096 + depth END)::BIGINT << 40
-               | (eid * 2 + 1)
-    FROM _cp_events WHERE job = $job AND NOT is_gpu),
-chain AS (
-    SELECT rank, track_id, node, t, lag(t) OVER w AS p_t FROM pts
-    WINDOW w AS (PARTITION BY rank, track_id ORDER BY t, ord)),
-gaps AS (SELECT * FROM chain WHERE node % 2 = 0 AND t > p_t),
+WITH gaps AS (SELECT * FROM _cp_chain WHERE NOT is_gpu AND node % 2 = 0 AND t > p_t),
 spans AS (
     SELECT e.rank, e.track_id, e.eid, e.ts_ns, e.end_ns FROM _cp_events e
     JOIN collectives c ON c.job = $job AND c.rank = e.rank AND c.gloo_eid = e.eid
@@ -223,7 +217,9 @@ def build_graph(con: duckdb.DuckDBPyConnection, job: str) -> ReplayGraph:
     op_parts = [np.full(int(keep.sum()), -1, dtype=np.int64)]
     inst_parts = [np.full(int(keep.sum()), -1, dtype=np.int64)]
 
+    con.execute(_CHAIN_SQL, {"job": job})  # each track's points in order (critical path's)
     wake = con.execute(_GLOO_WAKE_SQL, {"job": job}).fetchnumpy()
+    con.execute("DROP TABLE IF EXISTS _cp_chain")
     n_wake = len(wake["node"])
     src_parts.append(2 * slot_of(wake["rank"], wake["eid"]) + 1)
     dst_parts.append(base[np.searchsorted(ranks, wake["rank"])] * 2 + wake["node"])
