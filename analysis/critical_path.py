@@ -360,6 +360,30 @@ class PathGraph:
     parent: np.ndarray  # per slot: slot of the enclosing node event, -1 when none
 
 
+@dataclass
+class Slots:
+    """A dense numbering of a job's events across its ranks: slot = base[rank] + eid (eids
+    are dense within a rank), so per-event arrays are indexed without lookups."""
+
+    ranks: np.ndarray  # sorted
+    sizes: np.ndarray  # per rank: max eid + 1
+    base: np.ndarray  # per rank: first slot
+
+    @classmethod
+    def of(cls, rank: np.ndarray, eid: np.ndarray) -> Slots:
+        ranks = np.unique(rank)
+        sizes = np.zeros(len(ranks), dtype=np.int64)
+        np.maximum.at(sizes, np.searchsorted(ranks, rank), np.asarray(eid) + 1)
+        return cls(ranks, sizes, np.concatenate([[0], np.cumsum(sizes)[:-1]]))
+
+    @property
+    def n(self) -> int:
+        return int(self.sizes.sum())
+
+    def __call__(self, rank: np.ndarray, eid: np.ndarray) -> np.ndarray:
+        return self.base[np.searchsorted(self.ranks, rank)] + np.asarray(eid, dtype=np.int64)
+
+
 def _load_graph(con: duckdb.DuckDBPyConnection, job: str) -> PathGraph:
     """The nodes of ``job`` (from _cp_events) and, for each node, its binding predecessor:
     the edge into it with the smallest lag; ties go to the earlier kind in EDGE_KINDS, then
@@ -369,15 +393,8 @@ def _load_graph(con: duckdb.DuckDBPyConnection, job: str) -> PathGraph:
         """SELECT rank, eid, ts_ns, end_ns, track_id, coalesce(parent_eid, -1) AS parent_eid,
                   is_gpu, list_position(?, cls) - 1 AS cls
            FROM _cp_events WHERE job = ?""", [list(CLASSES), job]).fetchnumpy()
-    ranks = np.unique(ev["rank"])
-    sizes = np.zeros(len(ranks), dtype=np.int64)
-    np.maximum.at(sizes, np.searchsorted(ranks, ev["rank"]), ev["eid"] + 1)
-    base = np.concatenate([[0], np.cumsum(sizes)[:-1]])
-    n_slots = int(sizes.sum())
-
-    def slot_of(rank: np.ndarray, eid: np.ndarray) -> np.ndarray:
-        return base[np.searchsorted(ranks, rank)] + eid
-
+    slot_of = Slots.of(ev["rank"], ev["eid"])
+    ranks, sizes, n_slots = slot_of.ranks, slot_of.sizes, slot_of.n
     slot = slot_of(ev["rank"], ev["eid"])
 
     def per_slot(values: np.ndarray | int, fill: int, dtype: type = np.int64) -> np.ndarray:

@@ -39,6 +39,7 @@ from tracetool.analysis.critical_path import (
     _CHAIN_SQL,
     CLASSES,
     KIND_NAMES,
+    Slots,
     _has_graph,
     build_edges,
 )
@@ -161,15 +162,8 @@ def build_graph(con: duckdb.DuckDBPyConnection, job: str) -> ReplayGraph:
     ev = con.execute(_NODES_SQL, [list(CLASSES), job]).fetchnumpy()
     if len(ev["eid"]) == 0:
         raise ValueError(f"job {job!r} has no events on CPU threads or GPU streams")
-    ranks = np.unique(ev["rank"])
-    sizes = np.zeros(len(ranks), dtype=np.int64)
-    np.maximum.at(sizes, np.searchsorted(ranks, ev["rank"]), ev["eid"] + 1)
-    base = np.concatenate([[0], np.cumsum(sizes)[:-1]])
-    n_ev_slots = int(sizes.sum())
-
-    def slot_of(rank: np.ndarray, eid: np.ndarray) -> np.ndarray:
-        return base[np.searchsorted(ranks, rank)] + np.asarray(eid, dtype=np.int64)
-
+    slot_of = Slots.of(ev["rank"], ev["eid"])
+    ranks, sizes, base, n_ev_slots = slot_of.ranks, slot_of.sizes, slot_of.base, slot_of.n
     slot = slot_of(ev["rank"], ev["eid"])
     origin = int(min(ev["ts_ns"].min(), ev["end_ns"].min()))
 

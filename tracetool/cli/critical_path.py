@@ -10,8 +10,8 @@ import click
 import duckdb
 
 from tracetool.analysis.chrome_trace import write_path_trace
-from tracetool.analysis.connect import connect
 from tracetool.analysis.critical_path import critical_path
+from tracetool.cli._job import open_job
 
 
 @click.command("critical-path")
@@ -28,15 +28,7 @@ def critical_path_command(store: Path, job: str | None, step: int | None, chrome
 
     Exit code 0, or 1 when the store, job or step cannot be read (one line on stderr)."""
     try:
-        con = connect(store)
-        jobs = [j for (j,) in con.execute("SELECT DISTINCT job FROM trace_files ORDER BY 1")
-                .fetchall()]
-        if job is None:
-            if len(jobs) != 1:
-                raise click.ClickException(f"{store}: holds jobs {jobs}; pick one with --job")
-            job = jobs[0]
-        elif job not in jobs:
-            raise click.ClickException(f"{store}: no job {job!r} (jobs: {jobs})")
+        con, job = open_job(store, job)
         if step is not None and not con.execute(
                 "SELECT 1 FROM steps WHERE job = ? AND step = ?", [job, step]).fetchone():
             raise click.ClickException(f"{store}: job {job} has no ProfilerStep#{step}")
