@@ -50,6 +50,7 @@ _COLLECTIVE = KIND_NAMES.index("collective")
 _CPU_ORDER = KIND_NAMES.index("cpu_order")
 _GPU_ORDER = KIND_NAMES.index("gpu_order")
 _THREAD_WAKE = KIND_NAMES.index("thread_wake")
+NO_STEP = -1  # ReplayGraph.steps of a job without ProfilerStep: one window, the whole trace
 
 
 @dataclass
@@ -84,7 +85,7 @@ class ReplayGraph:
     # collective instances
     insts: dict  # instance, collective, bytes, group_ranks (list), pg_desc, transfer_ns
     # steps: one entry per (rank, complete step)
-    steps: np.ndarray  # step numbers, sorted unique
+    steps: np.ndarray  # step numbers, sorted unique ([NO_STEP] without ProfilerStep)
     step_start_nodes: tuple[np.ndarray, np.ndarray]  # (step index, node) of ProfilerStep starts
     step_end_nodes: tuple[np.ndarray, np.ndarray]  # (step index, node): PS ends + GPU op ends
     ranks: np.ndarray  # ranks of the job
@@ -319,6 +320,14 @@ def build_graph(con: duckdb.DuckDBPyConnection, job: str) -> ReplayGraph:
     in_steps = np.isin(step_ops["step"], steps)
     so_idx = np.searchsorted(steps, step_ops["step"][in_steps])
     so_node = 2 * slot_of(step_ops["rank"][in_steps], step_ops["eid"][in_steps]) + 1
+    step_start = (st_idx[ok], 2 * st_slot[ok])
+    step_end = (np.concatenate([st_idx[ok], so_idx]),
+                np.concatenate([2 * st_slot[ok] + 1, so_node]))
+    if len(steps) == 0:  # no ProfilerStep (inference, a custom loop): the whole trace, as
+        # the critical path does; step number NO_STEP
+        steps = np.array([NO_STEP], dtype=np.int64)
+        zeros = np.zeros(len(slot), dtype=np.int64)
+        step_start, step_end = (zeros, 2 * slot), (zeros, 2 * slot + 1)
 
     # -- what the models need: GPU op details, instance sizes and groups
     dims, types = ops["dims"], ops["types"]
@@ -369,9 +378,7 @@ def build_graph(con: duckdb.DuckDBPyConnection, job: str) -> ReplayGraph:
         cls=cls, parent=per_slot(parent, -1, np.int64),
         is_gpu=per_slot(ev["is_gpu"], False, bool), is_op=is_op, n_event_slots=n_ev_slots,
         ops=op_info, insts=insts, steps=steps,
-        step_start_nodes=(st_idx[ok], 2 * st_slot[ok]),
-        step_end_nodes=(np.concatenate([st_idx[ok], so_idx]),
-                        np.concatenate([2 * st_slot[ok] + 1, so_node])),
+        step_start_nodes=step_start, step_end_nodes=step_end,
         ranks=ranks, devices=devices)
 
 

@@ -44,7 +44,8 @@ def plot_replay(result: ReplayResult, path: Path) -> None:
                     yerr=[[(s.projected_ns - s.low_ns) / 1e6], [(s.high_ns - s.projected_ns)
                                                                 / 1e6]],
                     color="black", capsize=4)
-    ax.set_xticks(xs, [f"step {s.step}\nmeasured | projected" for s in steps], fontsize=8)
+    ax.set_xticks(xs, [f"{'trace' if s.step is None else f'step {s.step}'}\nmeasured | projected"
+                        for s in steps], fontsize=8)
     ax.set_ylabel("ms")
     ax.set_title(f"{result.job}: {result.scenario}")
     handles, labels = ax.get_legend_handles_labels()

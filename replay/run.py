@@ -6,7 +6,8 @@ projected timeline, so a sweep of many scenarios builds the graph once.
 
 A step of a job is, as everywhere in tracetool, the window from the earliest ProfilerStep#N
 start over ranks to the latest end of its annotation or of a GPU op launched inside it; the
-projected step is the same window on the projected timeline.
+projected step is the same window on the projected timeline. A job without ProfilerStep is
+one window: its first event's start to its last event's end.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from tracetool.analysis.critical_path import (
     PathWalker,
 )
 
-from .graph import ReplayGraph, build_graph
+from .graph import NO_STEP, ReplayGraph, build_graph
 from .model import Scenario, weights
 from .simulate import binding_edges, schedule
 
@@ -34,7 +35,7 @@ _COMPUTE, _COMM, _MEMCPY = (CLASSES.index(c) for c in ("compute", "comm", "memcp
 
 @dataclass
 class StepResult:
-    step: int
+    step: int | None  # None: a job without ProfilerStep, replayed as one window
     measured_ns: int
     projected_ns: int
     low_ns: int
@@ -137,7 +138,7 @@ class Replayer:
             pb = self._breakdown(t, p_start[i], p_end[i]) if breakdown else {}
             meas, proj = int(round(m_end[i] - m_start[i])), int(round(p_end[i] - p_start[i]))
             steps.append(StepResult(
-                step=int(s), measured_ns=meas, projected_ns=proj,
+                step=None if s == NO_STEP else int(s), measured_ns=meas, projected_ns=proj,
                 low_ns=int(round(low[i])), high_ns=int(round(high[i])),
                 measured=mb, projected=pb, critical_path=path[i] if path else {},
                 start_ns=int(round(p_start[i])) + g.origin_ns,

@@ -279,6 +279,32 @@ def test_network_projection_matches_shaped_network_ground_truth(
     assert abs(errors[worst]) <= 0.10, (worst, errors)
 
 
+def test_trace_without_profiler_steps_is_one_window(tmp_path: Path) -> None:
+    """A launch, its kernel and a device sync: the whole trace is the window, and halving
+    the kernel moves the sync's return (kernel end + its measured wake-up) and the end."""
+    from ._util import kineto_text, write, x
+
+    events = [
+        x("aten::mm", 0, 100, tid=1),
+        x("cudaLaunchKernel", 20, 10, cat="cuda_runtime", tid=1, correlation=1),
+        x("cudaDeviceSynchronize", 110, 150, cat="cuda_runtime", tid=1),
+        x("ampere_sgemm_128x64_nn", 150, 100, cat="kernel", pid=0, tid=7, correlation=1,
+          stream=7, device=0),
+    ]
+    trace = write(tmp_path / "rank0.json", kineto_text(events, rank=0))
+    store = tmp_path / "store"
+    ingest([trace], Options(store=store, job="nostep"))
+    r = Replayer.from_store(tracetool.connect(store), "nostep")
+    (s,) = r.run().steps
+    assert s.step is None and s.measured_ns == s.projected_ns == 260_000
+    from tracetool.replay.compute import parse_speedup
+
+    (s,) = r.run(Scenario(speedups=(parse_speedup("gemm=2"),))).steps
+    assert s.projected_ns == 210_000  # kernel 150-200 us, sync returns 10 us later
+    code, stdout, _ = run("replay", store, "--speedup", "gemm=2")
+    assert code == 0 and " trace " in stdout
+
+
 def test_sweep_axis_units() -> None:
     assert parse_axis("inter_node_bw=25,50,100Gbit/s") == (
         "inter_node_bw", ["25Gbit/s", "50Gbit/s", "100Gbit/s"])

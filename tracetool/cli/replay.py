@@ -113,8 +113,6 @@ def replay_command(store: Path, job: str | None, source_gpu: str | None,
             if not result.steps:
                 raise click.ClickException(f"{store}: job {job} has no complete "
                                            f"ProfilerStep#{step}")
-        if not result.steps:
-            raise click.ClickException(f"{store}: job {job} has no complete ProfilerStep")
         written = None
         if chrome:
             from tracetool.replay.timeline import write_projected_trace
@@ -141,7 +139,8 @@ def replay_command(store: Path, job: str | None, source_gpu: str | None,
                f"{'change':>8}")
     for s in result.steps:
         band = f"[{s.low_ns / 1e6:.3f}, {s.high_ns / 1e6:.3f}]"
-        click.echo(f"{s.step:>6} {s.measured_ns / 1e6:12.3f} {s.projected_ns / 1e6:13.3f} "
+        name = "trace" if s.step is None else str(s.step)
+        click.echo(f"{name:>6} {s.measured_ns / 1e6:12.3f} {s.projected_ns / 1e6:13.3f} "
                    f"{band:>22} {100 * s.error:+7.1f}%")
     n = len(result.steps)
     for title, key in (("measured", "measured"), ("projected", "projected")):
