@@ -184,7 +184,7 @@ def build_graph(con: duckdb.DuckDBPyConnection, job: str) -> ReplayGraph:
     t0[2 * slot + 1] = ev["end_ns"] - origin
 
     # -- GPU ops and their duration edges
-    ops = con.execute(_OPS_SQL, [job]).fetchnumpy()
+    ops = {c: _unmasked(a) for c, a in con.execute(_OPS_SQL, [job]).fetchnumpy().items()}
     op_slot = slot_of(ops["rank"], ops["eid"])
     x_slot = slot_of(ci["rank"], ci["x_eid"])
     x_inst = np.full(n_slots, -1, dtype=np.int64)
@@ -380,6 +380,17 @@ def build_graph(con: duckdb.DuckDBPyConnection, job: str) -> ReplayGraph:
         ops=op_info, insts=insts, steps=steps,
         step_start_nodes=step_start, step_end_nodes=step_end,
         ranks=ranks, devices=devices)
+
+
+def _unmasked(a: np.ndarray) -> np.ndarray:
+    """A fetched column without numpy's mask: NULL text becomes None (hashable, falsy)."""
+    if not np.ma.isMaskedArray(a):
+        return a
+    if a.dtype == object:
+        out = np.asarray(a.data, dtype=object).copy()
+        out[np.ma.getmaskarray(a)] = None
+        return out
+    return a.filled(-1)
 
 
 def _group_median(key: np.ndarray, value: np.ndarray, ref: np.ndarray) -> np.ndarray:

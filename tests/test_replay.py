@@ -303,6 +303,12 @@ def test_trace_without_profiler_steps_is_one_window(tmp_path: Path) -> None:
     assert s.projected_ns == 210_000  # kernel 150-200 us, sync returns 10 us later
     code, stdout, _ = run("replay", store, "--speedup", "gemm=2")
     assert code == 0 and " trace " in stdout
+    # no shapes recorded: a GEMM scales by the peak ratio (bf16 when the dtype is unknown)
+    ratio = _toml("h100")["peak"]["bf16_tflops"] / _toml("b200")["peak"]["bf16_tflops"]
+    (s,) = r.run(Scenario(gpu=resolve_gpu("b200"), source_gpu=resolve_gpu("h100"))).steps
+    assert s.projected_ns == pytest.approx(150_000 + 100_000 * ratio + 10_000, abs=1)
+    code, _, stderr = run("replay", store, "--gpu", "b200")
+    assert code == 1 and "give --source-gpu" in stderr
 
 
 def test_sweep_axis_units() -> None:
