@@ -660,3 +660,47 @@ def test_steps_found_in_2021_legacy_category_traces(trace: str, raw: dict[str, R
     part = partition(corpus, trace)
     steps = duck.execute(f"SELECT step FROM {pq(part, 'steps')}").fetchnumpy()["step"]
     assert set(steps.tolist()) == t.steps
+
+
+# --------------------------------------------------------------------------- 5. replay
+
+
+@pytest.fixture(scope="session")
+def corpus_con(corpus: Corpus):
+    import tracetool
+
+    con = tracetool.connect(corpus.store)
+    yield con
+    con.close()
+
+
+def test_identity_replay_of_every_trace(kineto_file: str, corpus: Corpus, corpus_con) -> None:
+    """Every trace replays (a job without ProfilerStep as one window) and identity gives its
+    measured step times exactly; a projection onto another GPU runs on it too."""
+    from tracetool.replay import Replayer, Scenario, resolve_gpu
+
+    res = corpus.results[kineto_file]
+    n_graph = corpus_con.execute("""
+        SELECT count(*) FROM events e LEFT JOIN gpu_ops g USING (job, rank, eid)
+        WHERE e.job = ? AND e.ph = 'X' AND e.dur_ns >= 0 AND (g.eid IS NOT NULL OR
+              (e.track_kind = 'cpu_thread' AND e.kind NOT IN ('kernel', 'memcpy', 'memset')))
+        """, [res["job"]]).fetchone()[0]
+    if n_graph == 0:  # e.g. rocmProfileData's matmul: only counters and instants
+        with pytest.raises(ValueError, match="no events on CPU threads or GPU streams"):
+            Replayer.from_store(corpus_con, res["job"])
+        return
+    r = Replayer.from_store(corpus_con, res["job"])
+    assert r.graph.cycle_breaks == 0
+    expected = dict(corpus_con.execute(
+        """SELECT step, max(end_ns) - min(start_ns) FROM steps WHERE job = ? AND complete
+           GROUP BY step""", [res["job"]]).fetchall())
+    steps = r.run().steps
+    if expected:
+        assert {s.step: s.measured_ns for s in steps} == expected
+    else:
+        (s,) = steps
+        assert s.step is None
+    assert all(s.projected_ns == s.measured_ns for s in steps)
+    projected = r.run(Scenario(gpu=resolve_gpu("b200"), source_gpu=resolve_gpu("h100")),
+                      critical_path=False).steps
+    assert [s.step for s in projected] == [s.step for s in steps]
