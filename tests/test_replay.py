@@ -236,6 +236,13 @@ def test_speedup_override_divides_matching_kernels(replayers: dict[str, Replayer
     s = g.ops["slot"][gemm]
     dur = res.times_ns[2 * s + 1] - res.times_ns[2 * s]
     assert np.abs(dur - g.ops["dur"][gemm] / 2).max() <= 1
+    # a name pattern composes with the category: gemm kernels named *sgemm* 2 x 3 = 6x
+    res2 = r.run(Scenario(speedups=(parse_speedup("gemm=2"), parse_speedup("name~SGEMM=3"))))
+    sg = gemm & (np.char.find(np.char.lower(g.ops["name"].astype(str)), "sgemm") >= 0)
+    assert sg.sum() > 0
+    s2 = g.ops["slot"][sg]
+    assert np.abs(res2.times_ns[2 * s2 + 1] - res2.times_ns[2 * s2]
+                  - g.ops["dur"][sg] / 6).max() <= 1
     other = g.ops["slot"][~gemm & (g.ops["category"].astype(str) != "comm")]
     assert np.array_equal(res.times_ns[2 * other + 1] - res.times_ns[2 * other],
                           (g.t0[2 * other + 1] - g.t0[2 * other]).astype(np.int64))
@@ -355,6 +362,25 @@ def test_cli_replay_text_and_plot(store: Path, tmp_path: Path) -> None:
     assert code == 0, stdout
     assert "projected critical path:" in stdout and "band ms" in stdout
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_cli_network_from_toml_file(store: Path, tmp_path: Path) -> None:
+    src, dst = tmp_path / "lab.toml", tmp_path / "wan.toml"
+    src.write_text('gpus_per_node = 1\ninter_node_bw = "1Gbit/s"\n')
+    dst.write_text('inter_node_bw = "1Gbit/s"\nranks_per_dc = 1\ndc_bw = "100Mbit/s"\n'
+                   'dc_latency = "20ms"\n')
+    code, stdout, stderr = run("replay", store, "--job", "netlab_1gbit", "--source-network",
+                               src, "--network", dst, "--json")
+    assert code == 0, stderr
+    steps = json.loads(stdout)["steps"]
+    inline = json.loads(run("replay", store, "--job", "netlab_1gbit", "--source-network",
+                            GLOO_NET, "--network", "ranks_per_dc=1,dc_bw=100Mbit/s,"
+                            "dc_latency=20ms", "--json")[1])["steps"]
+    assert [s["projected_step_ns"] for s in steps] == [s["projected_step_ns"] for s in inline]
+    assert all(s["projected_step_ns"] > 5 * s["measured_step_ns"] for s in steps)
+    code, _, stderr = run("replay", store, "--job", "netlab_1gbit", "--network",
+                          tmp_path / "missing.toml")
+    assert code == 1 and "cannot read network file" in stderr
 
 
 def test_cli_sweep_writes_table_and_plot(store: Path, tmp_path: Path) -> None:
