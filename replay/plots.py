@@ -44,10 +44,11 @@ def plot_replay(result: ReplayResult, path: Path) -> None:
                     yerr=[[(s.projected_ns - s.low_ns) / 1e6], [(s.high_ns - s.projected_ns)
                                                                 / 1e6]],
                     color="black", capsize=4)
-    ax.set_xticks(xs, [f"{'trace' if s.step is None else f'step {s.step}'}\nmeasured | projected"
-                        for s in steps], fontsize=8)
+    ax.set_xticks(xs, ["trace" if s.step is None else f"step {s.step}" for s in steps],
+                  fontsize=8)
     ax.set_ylabel("ms")
-    ax.set_title(f"{result.job}: {result.scenario}")
+    ax.set_title(f"{result.job}: {result.scenario}\n(each step: measured left, projected "
+                 "right with its uncertainty band)", fontsize=10)
     handles, labels = ax.get_legend_handles_labels()
     keep = {lab: h for h, lab in zip(handles, labels, strict=True) if lab in bottom_colours}
     ax.legend(keep.values(), keep.keys(), loc="upper left", bbox_to_anchor=(1, 1))
