@@ -9,9 +9,25 @@
 See README.md (Replay: the model) for what the models assume.
 """
 
-from .model import Scenario, resolve_gpu
-from .network import parse_network
-from .run import Replayer, ReplayResult, StepResult, replay
+from __future__ import annotations
 
-__all__ = ["Replayer", "ReplayResult", "Scenario", "StepResult", "parse_network", "replay",
+from importlib import import_module
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .model import Scenario, resolve_gpu
+    from .network import parse_network
+    from .run import Replayer, ReplayResult, StepResult, replay
+
+# resolved on first use, so that importing a submodule (the CLI does, for every command)
+# does not load the simulator's compiler
+_WHERE = {"Scenario": "model", "resolve_gpu": "model", "parse_network": "network",
+          "Replayer": "run", "ReplayResult": "run", "StepResult": "run", "replay": "run"}
+__all__ = ["ReplayResult", "Replayer", "Scenario", "StepResult", "parse_network", "replay",
            "resolve_gpu"]
+
+
+def __getattr__(name: str) -> object:
+    if name in _WHERE:
+        return getattr(import_module(f".{_WHERE[name]}", __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

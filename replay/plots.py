@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from .run import ReplayResult
+if TYPE_CHECKING:
+    from .run import ReplayResult
+
 
 PARTS = (("compute", "compute", "#4C72B0"), ("memcpy", "memcpy", "#8172B2"),
          ("exposed_comm", "exposed comm", "#DD8452"), ("idle", "idle", "#BBBBBB"))

@@ -10,13 +10,16 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import duckdb
 import msgspec
 import numpy as np
 
 from .graph import ReplayGraph
-from .run import ReplayResult
+
+if TYPE_CHECKING:
+    from .run import ReplayResult
 
 
 def write_projected_trace(con: duckdb.DuckDBPyConnection, graph: ReplayGraph,

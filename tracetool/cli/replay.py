@@ -7,6 +7,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 import duckdb
@@ -16,7 +17,9 @@ from tracetool.replay import model
 from tracetool.replay.compute import parse_speedup
 from tracetool.replay.model import Scenario, resolve_gpu
 from tracetool.replay.network import Network, parse_network
-from tracetool.replay.run import BREAKDOWN, Replayer
+
+if TYPE_CHECKING:
+    from tracetool.replay.run import Replayer
 
 
 def _spec(text: str) -> str:
@@ -90,6 +93,8 @@ def replay_command(store: Path, job: str | None, source_gpu: str | None,
     (identity).
 
     Exit code 0, or 1 on a bad store, job, step or setting (one line on stderr)."""
+    from tracetool.replay.run import BREAKDOWN, Replayer  # loads the compiler: only here
+
     try:
         con, job = open_job(store, job)
         replayer = Replayer.from_store(con, job)

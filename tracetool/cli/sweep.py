@@ -13,8 +13,6 @@ import duckdb
 from tracetool.cli._job import open_job
 from tracetool.cli.replay import base_scenario, fail, scenario_options
 from tracetool.replay.plots import plot_sweep
-from tracetool.replay.run import BREAKDOWN, Replayer
-from tracetool.replay.sweep import sweep
 
 
 @click.command("sweep")
@@ -36,6 +34,9 @@ def sweep_command(store: Path, job: str | None, source_gpu: str | None,
     idle).
 
     Exit code 0, or 1 on a bad store, job or setting (one line on stderr)."""
+    from tracetool.replay.run import Replayer  # loads the compiler: only here
+    from tracetool.replay.sweep import sweep
+
     try:
         if not axes and not gpus and not dp_scales:
             raise click.ClickException("nothing to sweep: give --network key=v1,v2,..., "
@@ -76,6 +77,8 @@ def sweep_command(store: Path, job: str | None, source_gpu: str | None,
 
 
 def _write_csv(rows: list[dict], path: Path) -> None:
+    from tracetool.replay.run import BREAKDOWN
+
     tmp = path.with_name(path.name + ".tmp")
     with open(tmp, "w", newline="") as f:
         w = csv.writer(f)
