@@ -58,6 +58,9 @@ class ReplayResult:
     steps: list[StepResult]
     times_ns: np.ndarray  # projected time of every node, ns since the epoch
     notes: list[str] = field(default_factory=list)
+    # the projected critical path, one dict per segment in time order: step, seq, rank
+    # (None for filler), eid (None for idle), kind (SEGMENT_KINDS), start_ns, end_ns
+    path: list[dict] = field(default_factory=list)
 
     def to_dict(self) -> dict:
         return {"job": self.job, "scenario": self.scenario, "notes": self.notes,
@@ -129,7 +132,8 @@ class Replayer:
             a_start, a_end = self._steps(schedule(g.order, g.indptr, g.src, wts.w_alt, g.t0))
             alt = a_end - a_start
         low, high = self._band(m_end - m_start, p_end - p_start, alt)
-        path = self._path(t, wts.w, p_start, p_end) if critical_path else None
+        path, segments = (self._path(t, wts.w, p_start, p_end) if critical_path
+                          else (None, []))
         steps = []
         for i, s in enumerate(g.steps):
             if not np.isfinite(m_start[i]) or not np.isfinite(m_end[i]):
@@ -145,7 +149,7 @@ class Replayer:
                 end_ns=int(round(p_end[i])) + g.origin_ns))
         times = np.round(t).astype(np.int64) + g.origin_ns
         return ReplayResult(job=g.job, scenario=scenario.label, steps=steps, times_ns=times,
-                            notes=wts.notes)
+                            notes=wts.notes, path=segments)
 
     def _band(self, measured: np.ndarray, projected: np.ndarray, alt: np.ndarray
               ) -> tuple[np.ndarray, np.ndarray]:
@@ -187,9 +191,10 @@ class Replayer:
         return out
 
     def _path(self, t: np.ndarray, w: np.ndarray, start: np.ndarray, end: np.ndarray
-              ) -> list[dict[str, int]]:
-        """Critical path of each projected step, as ns per segment kind: the backward walk
-        of tracetool.analysis.critical_path over the edges that set each projected time."""
+              ) -> tuple[list[dict[str, int]], list[dict]]:
+        """Critical path of each projected step: ns per segment kind, and the segments (see
+        ReplayResult.path). The backward walk of tracetool.analysis.critical_path over the
+        edges that set each projected time."""
         g = self.graph
         edge = binding_edges(g.indptr, g.src, w, g.kind, t)
         has = edge >= 0
@@ -213,8 +218,8 @@ class Replayer:
                        ends=ends, rank=g.rank, eid=g.eid, track=g.track, cls=g.cls,
                        parent=g.parent)
         walker = PathWalker(pg)
-        out = []
-        for a, b in zip(start, end, strict=True):
+        out, segments = [], []
+        for step, a, b in zip(g.steps.tolist(), start, end, strict=True):
             if not (np.isfinite(a) and np.isfinite(b)):
                 out.append({})
                 continue
@@ -222,7 +227,17 @@ class Replayer:
             dur = seg["end"] - seg["start"]
             out.append({k: int(dur[seg["kind"] == i].sum()) for i, k in enumerate(SEGMENT_KINDS)
                         if (seg["kind"] == i).any()})
-        return out
+            for i in range(len(dur)):
+                loc, attr = int(seg["loc"][i]), int(seg["attr"][i])
+                rank = int(g.rank[loc]) if 0 <= loc < g.n_event_slots else -1
+                segments.append({
+                    "step": None if step == NO_STEP else step, "seq": i,
+                    "rank": rank if rank >= 0 else None,
+                    "eid": int(g.eid[attr]) if 0 <= attr < g.n_event_slots else None,
+                    "kind": SEGMENT_KINDS[seg["kind"][i]],
+                    "start_ns": int(seg["start"][i]) + g.origin_ns,
+                    "end_ns": int(seg["end"][i]) + g.origin_ns})
+        return out, segments
 
 
 def _union(s: np.ndarray, e: np.ndarray) -> float:

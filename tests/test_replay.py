@@ -343,7 +343,7 @@ def test_cli_replay_json_and_chrome_trace(store: Path, con: duckdb.DuckDBPyConne
         "SELECT max(end_ns) - min(start_ns) FROM steps WHERE job = 'dlrm' AND step = 10"
     ).fetchone()[0]
     trace = json.loads(out.read_text())
-    slices = [e for e in trace["traceEvents"] if e["ph"] == "X"]
+    slices = [e for e in trace["traceEvents"] if e["ph"] == "X" and e["cat"] != "critical_path"]
     # every graph event: X slices on CPU threads and every GPU op (the critical path's nodes)
     expected = con.execute("""
         SELECT count(*) FROM events e LEFT JOIN gpu_ops g USING (job, rank, eid)
@@ -426,10 +426,17 @@ def test_cli_replay_subprocess_chrome_trace(store: Path, con: duckdb.DuckDBPyCon
     assert [s["step"] for s in doc["steps"]] == [2, 3, 4, 5, 6, 7]
     assert all(s["projected_step_ns"] > s["measured_step_ns"] for s in doc["steps"])
     trace = json.loads(out.read_text())  # valid JSON, every event of the graph as a slice
-    slices = [e for e in trace["traceEvents"] if e["ph"] == "X"]
+    slices = [e for e in trace["traceEvents"] if e["ph"] == "X" and e["cat"] != "critical_path"]
     n_graph_events = con.execute("""
         SELECT count(*) FROM events WHERE job = 'netlab_1gbit' AND ph = 'X' AND dur_ns >= 0
            AND track_kind = 'cpu_thread'""").fetchone()[0]
     assert len(slices) == doc["chrome_trace"]["events"] == n_graph_events
-    spans = [e for e in slices if e["name"] == "gloo:all_reduce"]
+    spans = [e for e in slices if e["name"] == "gloo:all_reduce" and e["cat"] != "critical_path"]
     assert len(spans) == 2 * 4 * 6  # 2 ranks, 4 allreduces a step, 6 steps
+    # the projected critical path: its segments cover each projected step exactly
+    path = [e for e in trace["traceEvents"] if e.get("cat") == "critical_path" and e["ph"] == "X"]
+    for s in doc["steps"]:
+        segs = [e for e in path if e["args"]["step"] == s["step"]]
+        assert sum(e["dur"] for e in segs) == pytest.approx(s["projected_step_ns"] / 1e3,
+                                                             abs=1e-3 * len(segs))
+        assert sum(e["dur"] for e in segs if e["name"].startswith("comm")) > 0
