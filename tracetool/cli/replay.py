@@ -101,17 +101,17 @@ def replay_command(store: Path, job: str | None, source_gpu: str | None,
         sc = base_scenario(replayer, source_gpu, source_network, speedups)
         label = []
         if gpu:
-            sc = _with(sc, gpu=resolve_gpu(gpu))
+            sc = replace(sc, gpu=resolve_gpu(gpu))
             label.append(f"gpu={sc.gpu.key}")
         if network:
             base = model.source_network(replayer.graph, sc) or Network()
-            sc = _with(sc, network=parse_network(_spec(network), base=base))
+            sc = replace(sc, network=parse_network(_spec(network), base=base))
             label.append(f"network={network}")
         if dp_scale != 1:
-            sc = _with(sc, dp_scale=dp_scale)
+            sc = replace(sc, dp_scale=dp_scale)
             label.append(f"dp_scale={dp_scale}")
         label += [f"speedup {s}" for s in speedups]
-        sc = _with(sc, label=", ".join(label) or "identity")
+        sc = replace(sc, label=", ".join(label) or "identity")
         result = replayer.run(sc)
         if step is not None:
             result.steps = [s for s in result.steps if s.step == step]
@@ -165,7 +165,3 @@ def replay_command(store: Path, job: str | None, source_gpu: str | None,
         click.echo(f"wrote {chrome} ({written} events): open it in https://ui.perfetto.dev")
     if plot:
         click.echo(f"wrote {plot}")
-
-
-def _with(sc: Scenario, **changes: object) -> Scenario:
-    return replace(sc, **changes)
