@@ -25,6 +25,7 @@ BOUNDARY = re.compile(rb"\}\s*,\s*\{")
 LONG_FRACTIONAL_TS = re.compile(rb'"(?:ts|dur)"\s*:\s*"?-?\d{14,}\.\d')
 ERROR_AT = re.compile(r"\(byte (\d+)\)")
 MAX_JOIN = 64
+FAST_MIN_BYTES = 4 << 20
 MAX_REPAIRS = 50
 
 _events_decoder = msgspec.json.Decoder(list[Event])
@@ -292,8 +293,15 @@ def _emit(out: _Lenient, obj_text: bytes, offset: int) -> None:
 
 
 def decode_piece(text: bytes, base_offset: int, is_first: bool, is_last: bool,
-                 join_edges: bool = True) -> PieceResult:
-    """Decode a piece of the event array; the last piece also yields the trailer text."""
+                 join_edges: bool = True, fast: bool | None = None) -> PieceResult:
+    """Decode a piece of the event array; the last piece also yields the trailer text.
+
+    ``fast``: try the compiled scanner first (``fastpath``); None tries it on pieces of at
+    least FAST_MIN_BYTES, where it pays for loading the compiled code."""
+    if fast or (fast is None and len(text) >= FAST_MIN_BYTES):
+        res = _fast_piece(text, is_last)
+        if res is not None:
+            return res
     res = PieceResult()
     events: list[Event] | None = None
     argkeys: list[EventArgKeys] | None = None
@@ -348,6 +356,22 @@ def decode_piece(text: bytes, base_offset: int, is_first: bool, is_last: bool,
         ordinal = pr.index if ordinals is None else ordinals[pr.index]
         res.issues.append(Issue(ordinal, None, pr.issue, pr.detail, pr.quarantined))
     res.n_quarantined = sum(1 for i in res.issues if i.quarantined)
+    return res
+
+
+def _fast_piece(text: bytes, is_last: bool) -> PieceResult | None:
+    from . import fastpath
+
+    sc, _, close = fastpath.scan(text, is_last)
+    built = fastpath.fast_tables(sc) if sc is not None else None
+    if built is None:
+        return None
+    res = PieceResult(n_read=sc.n, tables=built[0], has_fraction=built[2],  # type: ignore[union-attr]
+                      max_abs_ts_us=built[3])
+    res.issues = [Issue(p.index, None, p.issue, p.detail, p.quarantined) for p in built[1]]
+    res.n_quarantined = sum(1 for i in res.issues if i.quarantined)
+    if is_last:
+        res.array_closed, res.trailer = True, text[close:]
     return res
 
 

@@ -15,7 +15,9 @@ from dataclasses import replace
 from pathlib import Path
 
 from .build import build_file
+from .decode import FAST_MIN_BYTES
 from .options import TRACE_SUFFIXES, FileResult, Options, UsageProblem
+from .source import GZIP_MAGIC
 from .store import JOB_NAME, Store, StoredFile
 from .workers import Workers
 
@@ -54,6 +56,16 @@ def _size(f: Path) -> int:
         return 0
 
 
+def _json_size(f: Path) -> int:
+    """About how much JSON text a file holds (gzip'd traces inflate ~10x)."""
+    size = _size(f)
+    try:
+        with open(f, "rb") as fh:
+            return size * 10 if fh.read(2) == GZIP_MAGIC else size
+    except OSError:
+        return size
+
+
 def ingest(
     paths: list[Path],
     opts: Options,
@@ -79,6 +91,10 @@ def ingest(
     parallel_files = workers.workers > 1 and len(files) > 1
     committed: dict[int, str] = {}
     try:
+        if any(_json_size(f) >= FAST_MIN_BYTES for f in files):
+            from .fastpath import warm
+
+            warm()  # before the fork: the workers inherit the loaded scanner
         if workers.workers > 1 and (parallel_files or len(small) < len(files)):
             workers.pool()  # fork the workers before this process starts DuckDB threads
         pending: dict[Path, tuple[Path, Future]] = {}
