@@ -30,6 +30,14 @@ COMM_KERNEL = ("(g.name ILIKE 'nccl%' OR g.name ILIKE '%rccl%' OR g.name ILIKE '
                "OR g.args LIKE '%\"Collective name\"%')")
 STEP_NUMBER = r"TRY_CAST(regexp_extract(name, 'ProfilerStep#(\d+)', 1) AS INTEGER)"
 
+# JSON paths of the GPU op columns read from args -> the column (bytes: size's fallback)
+GPU_ARG_PATHS = {
+    "$.grid[0]": "grid_x", "$.grid[1]": "grid_y", "$.grid[2]": "grid_z",
+    "$.block[0]": "block_x", "$.block[1]": "block_y", "$.block[2]": "block_z",
+    '$."registers per thread"': "registers_per_thread", '$."shared memory"': "shared_memory",
+    "$.bytes": "bytes", "$.size": "size",
+}
+
 MapFn = Callable[[Callable, Iterable], Iterable]
 BATCH_ROWS = 1 << 18
 
@@ -347,21 +355,21 @@ def derive_gpu_ops(con: duckdb.DuckDBPyConnection, out: Path) -> None:
     ev = events_glob(out)
     launch = ", ".join(f"'{k}'" for k in LAUNCH_KINDS)
     _cpu_steps(con, out)
+    # one parse of args per GPU op for all nine values (DuckDB's list-of-paths form)
+    paths = ", ".join(f"'{p}'" for p in GPU_ARG_PATHS)
+    x = {name: f"TRY_CAST(jx[{i + 1}] AS BIGINT)" for i, name in enumerate(GPU_ARG_PATHS.values())}
     con.execute(f"""
         CREATE OR REPLACE TABLE g AS
         SELECT eid, kind, name, coalesce(device, pid)::INTEGER AS device,
                coalesce(stream, tid) AS stream, ts_ns, dur_ns, end_ns, correlation, external_id,
-               TRY_CAST(args->>'$.grid[0]' AS BIGINT) AS grid_x,
-               TRY_CAST(args->>'$.grid[1]' AS BIGINT) AS grid_y,
-               TRY_CAST(args->>'$.grid[2]' AS BIGINT) AS grid_z,
-               TRY_CAST(args->>'$.block[0]' AS BIGINT) AS block_x,
-               TRY_CAST(args->>'$.block[1]' AS BIGINT) AS block_y,
-               TRY_CAST(args->>'$.block[2]' AS BIGINT) AS block_z,
-               TRY_CAST(args->>'$."registers per thread"' AS BIGINT) AS registers_per_thread,
-               TRY_CAST(args->>'$."shared memory"' AS BIGINT) AS shared_memory,
-               TRY_CAST(coalesce(args->>'$.bytes', args->>'$.size') AS BIGINT) AS bytes,
-               (kind = 'kernel' AND {COMM_KERNEL.replace('g.', '')}) AS is_comm
-        FROM {ev} WHERE kind IN ('kernel', 'memcpy', 'memset')""")
+               {x['grid_x']} AS grid_x, {x['grid_y']} AS grid_y, {x['grid_z']} AS grid_z,
+               {x['block_x']} AS block_x, {x['block_y']} AS block_y, {x['block_z']} AS block_z,
+               {x['registers_per_thread']} AS registers_per_thread,
+               {x['shared_memory']} AS shared_memory,
+               coalesce({x['bytes']}, {x['size']}) AS bytes, is_comm
+        FROM (SELECT *, json_extract_string(args, [{paths}]) AS jx,
+                     (kind = 'kernel' AND {COMM_KERNEL.replace('g.', '')}) AS is_comm
+              FROM {ev} WHERE kind IN ('kernel', 'memcpy', 'memset'))""")
     con.execute(f"""
         CREATE OR REPLACE TABLE l AS
         SELECT correlation,

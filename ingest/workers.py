@@ -18,6 +18,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .decode import PieceResult, decode_piece
+from .finish import DICTIONARY_COLUMNS
 from .source import Piece
 
 
@@ -37,7 +38,8 @@ def decode_to_parts(piece: Piece, stage: str, part: int) -> PieceResult:
         d = Path(stage) / name
         d.mkdir(parents=True, exist_ok=True)
         table = table.append_column("piece", pa.array([part] * table.num_rows, pa.int32()))
-        pq.write_table(table, d / f"{part:08d}.parquet", compression="lz4")
+        pq.write_table(table, d / f"{part:08d}.parquet", compression="lz4",
+                       use_dictionary=[c for c in DICTIONARY_COLUMNS if c in table.column_names])
     res.tables = {}
     release_memory()
     return res

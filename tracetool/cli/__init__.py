@@ -1,33 +1,47 @@
-"""The ``tracetool`` command line: one module per command."""
+"""The ``tracetool`` command line: one module per command, imported when its command runs.
+
+Loading a command's module pulls in what it needs (DuckDB, polars, the replay models); a
+lazy group keeps ``tracetool ingest`` from paying for the others at start-up.
+"""
 
 from __future__ import annotations
+
+import importlib
 
 import click
 
 from tracetool import __version__
 
-from .critical_path import critical_path_command
-from .diff import diff_command
-from .ingest import ingest_command
-from .replay import replay_command
-from .report import report_command
-from .sql import sql_command
-from .sweep import sweep_command
+# command name -> "module:function", in the order ``--help`` lists them
+COMMANDS = {
+    "ingest": "ingest:ingest_command",
+    "sql": "sql:sql_command",
+    "report": "report:report_command",
+    "diff": "diff:diff_command",
+    "critical-path": "critical_path:critical_path_command",
+    "replay": "replay:replay_command",
+    "sweep": "sweep:sweep_command",
+}
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class LazyGroup(click.Group):
+    """A group whose commands are imported on first use."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return list(COMMANDS)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        target = COMMANDS.get(cmd_name)
+        if target is None:
+            return None
+        module, attr = target.split(":")
+        return getattr(importlib.import_module(f"{__name__}.{module}"), attr)
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="tracetool")
 def cli() -> None:
     """Ingest, analyse and replay PyTorch profiler (Kineto) traces."""
-
-
-cli.add_command(ingest_command)
-cli.add_command(sql_command)
-cli.add_command(report_command)
-cli.add_command(diff_command)
-cli.add_command(critical_path_command)
-cli.add_command(replay_command)
-cli.add_command(sweep_command)
 
 
 def main() -> None:
