@@ -24,6 +24,7 @@ from tracetool.schema import TABLES_BY_NAME
 from .finish import FinishJob, save_dense
 from .kinds import CPU_KINDS, GPU_KINDS, LAUNCH_KINDS
 from .nesting import nest_and_bind
+from .workers import full_events_part
 
 COMM_KERNEL = ("(g.name ILIKE 'nccl%' OR g.name ILIKE '%rccl%' OR g.name ILIKE '%multimem%' "
                "OR g.name ILIKE '%all_reduce%kernel%' OR g.name ILIKE '%allreduce%kernel%' "
@@ -163,7 +164,7 @@ def derive(
                fix_dur=np.array([d for _, d in fixes], dtype=np.int64))
 
     ev_dir = table_dir(out, "events")
-    jobs = [FinishJob(str(p), str(ev_dir / f"part-{i:05d}.parquet"), str(derived),
+    jobs = [FinishJob(str(full_events_part(p)), str(ev_dir / f"part-{i:05d}.parquet"), str(derived),
                       offsets[int(p.stem)], base_ns, tuple(kinds))
             for i, p in enumerate(ev_parts)]
     from .finish import finish_part

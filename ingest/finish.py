@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.feather as feather
 import pyarrow.parquet as pq
 
 from tracetool.schema import EVENTS
@@ -47,7 +48,7 @@ def _load(d: Path, name: str) -> np.ndarray:
 def finish_part(job: FinishJob) -> int:
     """Write the final events part; returns the rows written."""
     d = Path(job.derived_dir)
-    t = pq.read_table(job.stage_part)
+    t = feather.read_table(job.stage_part)
     eid = t["ord"].to_numpy() + job.offset
     drops = _load(d, "drop_eid") if (d / "drop_eid.npy").exists() else None
     if drops is not None and len(drops):

@@ -15,15 +15,32 @@ from concurrent.futures import Future, ProcessPoolExecutor
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.feather as feather
 import pyarrow.parquet as pq
 
 from .decode import PieceResult, decode_piece
 from .finish import DICTIONARY_COLUMNS
 from .source import Piece
 
+# The staged events: the columns the derivation stage reads (Parquet, in stage/events/), and
+# every column for the final parts (Arrow IPC, in stage/events_full/).
+STAGED_EVENT_COLUMNS = ["ord", "piece", "ph", "kind", "ts_ns", "dur_ns", "pid_raw", "tid_raw"]
+FULL_EVENTS = "events_full"
+
+
+def _stage_dir(stage: str, name: str) -> Path:
+    d = Path(stage) / name
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+def full_events_part(stage_part: Path) -> Path:
+    """The whole-row staged file of the piece whose light events part is ``stage_part``."""
+    return stage_part.parent.parent / FULL_EVENTS / (stage_part.stem + ".arrow")
+
 
 def decode_to_parts(piece: Piece, stage: str, part: int) -> PieceResult:
-    """Worker entry point: decode one piece and write its tables as Parquet parts."""
+    """Worker entry point: decode one piece and write its tables as staged parts."""
     gc_was = gc.isenabled()
     gc.disable()
     try:
@@ -35,10 +52,15 @@ def decode_to_parts(piece: Piece, stage: str, part: int) -> PieceResult:
     for name, table in res.tables.items():
         if res.cut_inside_event:
             break
-        d = Path(stage) / name
-        d.mkdir(parents=True, exist_ok=True)
         table = table.append_column("piece", pa.array([part] * table.num_rows, pa.int32()))
-        pq.write_table(table, d / f"{part:08d}.parquet", compression="lz4",
+        if name == "events":
+            # whole rows for the finishing workers (Arrow IPC: 5x faster to read back), the
+            # light columns the derivation stage queries as Parquet for DuckDB
+            feather.write_feather(table, _stage_dir(stage, FULL_EVENTS) / f"{part:08d}.arrow",
+                                  compression="lz4")
+            table = table.select(STAGED_EVENT_COLUMNS)
+        pq.write_table(table, _stage_dir(stage, name) / f"{part:08d}.parquet",
+                       compression="lz4",
                        use_dictionary=[c for c in DICTIONARY_COLUMNS if c in table.column_names])
     res.tables = {}
     release_memory()
@@ -127,7 +149,7 @@ class Workers:
 
 
 def remove_parts(stage: Path, part: int) -> None:
-    for f in stage.glob(f"*/{part:08d}.parquet"):
+    for f in [*stage.glob(f"*/{part:08d}.parquet"), *stage.glob(f"*/{part:08d}.arrow")]:
         f.unlink()
 
 
