@@ -216,30 +216,42 @@ def _text_pieces(blocks: Iterator[bytes], buf: bytes, offset: int, piece_bytes: 
 
 def _range_pieces(info: SourceInfo, blocks: Iterator[bytes], head: bytes, start: int,
                   piece_bytes: int) -> Iterator[Piece]:
-    """Cut points of a plain file found while hashing it; text stays on disk."""
+    """Cut points of a plain file found while hashing it; text stays on disk.
+
+    The cut after ``target`` is searched for in the block holding ``target``; the text is
+    only copied (the previous block's tail joined to this block) when ``target`` lies in
+    that tail or a separator straddles two blocks."""
     seq = 0
     piece_start = start
     gap = b""
-    window, window_off = head, 0  # window holds text from window_off on
+    block, block_off = head, 0  # the current block and its offset in the file
+    tail = b""  # the last BOUNDARY_CONTEXT bytes before block
     while True:
         target = piece_start + piece_bytes
         m = None
-        if window_off + len(window) > target:
-            m = BOUNDARY.search(window, max(0, target - window_off))
+        base = block_off
+        if block_off + len(block) > target:
+            if target >= block_off:
+                m = BOUNDARY.search(block, target - block_off)
+            if m is None:  # target in the tail, or a separator across the block edge
+                window = tail + block
+                base = block_off - len(tail)
+                m = BOUNDARY.search(window, max(0, target - base))
         if m is not None:
-            cut = window_off + m.start() + 1
+            cut = base + m.start() + 1
             yield Piece(seq, None, piece_start, seq == 0, False, info.path, cut - piece_start,
                         gap=gap)
             gap = m.group()[1:-1]
-            piece_start = window_off + m.end() - 1
+            piece_start = base + m.end() - 1
             seq += 1
             continue
-        block = next(blocks, None)
-        if block is None:
-            end = window_off + len(window)
+        nxt = next(blocks, None)
+        if nxt is None:
+            end = block_off + len(block)
             yield Piece(seq, None, piece_start, seq == 0, True, info.path, end - piece_start,
                         gap=gap)
             return
-        keep = window[-BOUNDARY_CONTEXT:]
-        window_off += len(window) - len(keep)
-        window = keep + block
+        tail = (tail + block)[-BOUNDARY_CONTEXT:] if len(block) < BOUNDARY_CONTEXT \
+            else block[-BOUNDARY_CONTEXT:]
+        block_off += len(block)
+        block = nxt
