@@ -1,11 +1,13 @@
 """Decode one piece of the traceEvents array into Arrow tables (runs in worker processes).
 
-A piece is a run of whole events cut from the array at a ``}, {`` boundary. The fast path
-decodes it in one msgspec call. When that fails (a cut that fell inside a nested object,
-invalid JSON, an unexpected field type, the file's end) the lenient path splits the piece at
-every candidate boundary, re-joins fragments that do not parse alone, repairs the known kinds
-of broken JSON (bad escapes, raw control characters, unescaped quotes, a missing value) and
-quarantines what it cannot read, counting everything.
+A piece is a run of whole events cut from the array at a ``}, {`` boundary. Large pieces go
+first to the compiled scanner (``fastpath``), which builds the columns straight from the
+bytes; any piece it declines, and every small one, is decoded here in one msgspec call. When
+that fails (a cut that fell inside a nested object, invalid JSON, an unexpected field type,
+the file's end) the lenient path splits the piece at every candidate boundary, re-joins
+fragments that do not parse alone, repairs the known kinds of broken JSON (bad escapes, raw
+control characters, unescaped quotes, a missing value) and quarantines what it cannot read,
+counting everything.
 """
 
 from __future__ import annotations
