@@ -11,6 +11,7 @@ the general decoder's.
 from __future__ import annotations
 
 import math
+import random
 import subprocess
 import sys
 from pathlib import Path
@@ -224,3 +225,32 @@ def test_store_is_the_same_either_way(tmp_path: Path, monkeypatch: pytest.Monkey
                            f"SELECT {sel} FROM {b})").fetchone()[0]
         assert diff == 0, t
         assert n == con.execute(f"SELECT count(*) FROM {b}").fetchone()[0], t
+
+
+def test_mutated_pieces_decode_the_same_both_ways() -> None:
+    """Random one-byte damage to a real piece (the sample trace): whatever the scanner accepts
+    must be exactly what the general decoder reads, and whatever it does not accept goes the
+    general way. Guards against the scanner taking JSON that msgspec would reject or read
+    differently."""
+    path = REPO_ROOT / "sample_traces" / "ddp_gloo_2rank" / "rank0.pt.trace.json.gz"
+    (piece,) = list(pieces(SourceInfo(path=path), 64 << 20))
+    sample = piece.load()[:200_000]
+    sample = sample[:sample.rindex(b"}") + 1]  # whole events only (not the last piece)
+    rng = random.Random(20261129)
+    alphabet = b'{}[]",:\\ -.0123456789eEtfnulx\x00\x1f\xff'
+    scanned = 0
+    for _ in range(300):
+        b = bytearray(sample)
+        k = rng.randrange(len(b))
+        op = rng.randrange(3)
+        if op == 0:
+            b[k] = rng.choice(alphabet)
+        elif op == 1:
+            del b[k]
+        else:
+            b.insert(k, rng.choice(alphabet))
+        damaged = bytes(b)
+        fast, general = _both(damaged)
+        assert_same(fast, general)
+        scanned += fastpath.scan(damaged, False)[0] is not None
+    assert 0 < scanned < 300  # both kinds of outcome were exercised
