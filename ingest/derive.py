@@ -233,64 +233,36 @@ def _nesting_and_flows(con: duckdb.DuckDBPyConnection, derived: Path, out: Path,
     overlap, track = dense("overlap", np.bool_, 0), dense("track", np.int32, -1)
     for b in _batches(con, "SELECT eid, track_id FROM ev"):
         track[b["eid"]] = b["track_id"]
-    kept: dict[str, list[np.ndarray]] = {"track_id": [], "flow_id": [], "no_id": [],
-                                         "is_out": []}
-
-    def keep(batches: Iterator[dict[str, np.ndarray]]) -> Iterator[dict[str, np.ndarray]]:
-        for b in batches:  # the flows' columns besides what the merge needs, in its order
-            for k, v in kept.items():
-                v.append(b[k])
-            yield b
-
     flow_eids, bound = nest_and_bind(
         _batches(con, """SELECT track_id, ts_ns, coalesce(dur_ns, 0) AS dur_ns, eid FROM ev
                          WHERE nests ORDER BY track_id, ts_ns, dur_ns DESC, eid"""),
-        keep(_batches(con.cursor(), """
-            SELECT f.eid, t.track_id, f.ts_ns, (f.ph = 'f' AND f.bp IS DISTINCT FROM 'e') AS nxt,
-                   coalesce(f.flow_id, 0) AS flow_id, f.flow_id IS NULL AS no_id,
-                   f.ph = 's' AS is_out
+        _batches(con.cursor(), """
+            SELECT f.eid, t.track_id, f.ts_ns, (f.ph = 'f' AND f.bp IS DISTINCT FROM 'e') AS nxt
             FROM fl_raw f JOIN track_ids t ON f.pid_raw IS NOT DISTINCT FROM t.pid_raw
                                           AND f.tid_raw IS NOT DISTINCT FROM t.tid_raw
-            ORDER BY t.track_id, f.ts_ns, f.eid""")),
+            ORDER BY t.track_id, f.ts_ns, f.eid"""),
         depth, parent, overlap)
     for arr in (depth, parent, overlap, track):
         arr.flush()
     del depth, parent, overlap, track
     b_arr = np.frombuffer(bound, dtype=np.int64)
-    f_eid = np.frombuffer(flow_eids, dtype=np.int64)
-    cols = {k: np.concatenate(v) if v else np.zeros(0, dtype=np.int64) for k, v in kept.items()}
     con.register("bound_arrow", pa.table({
-        "eid": pa.array(f_eid), "bound_eid": pa.array(b_arr, mask=b_arr < 0),
-        "track_id": pa.array(cols["track_id"].astype(np.int64)),
+        "eid": pa.array(np.frombuffer(flow_eids, dtype=np.int64)),
+        "bound_eid": pa.array(b_arr, mask=b_arr < 0),
     }))
-    copy_table(con, """SELECT f.*, b.track_id, b.bound_eid FROM fl_raw f
-                       JOIN bound_arrow b USING (eid)""", out, "flows")
+    copy_table(con, """SELECT f.*, t.track_id, b.bound_eid FROM fl_raw f
+                       JOIN bound_arrow b USING (eid)
+                       JOIN track_ids t ON f.pid_raw IS NOT DISTINCT FROM t.pid_raw
+                                       AND f.tid_raw IS NOT DISTINCT FROM t.tid_raw""",
+               out, "flows")
     con.unregister("bound_arrow")
-    pq.write_table(_flow_lists(f_eid, b_arr, cols["flow_id"].astype(np.int64),
-                               cols["no_id"].astype(bool), cols["is_out"].astype(bool)),
-                   derived / "flow_lists.parquet", row_group_size=65536)
-
-
-def _flow_lists(eid: np.ndarray, bound: np.ndarray, flow_id: np.ndarray, no_id: np.ndarray,
-                is_out: np.ndarray) -> pa.Table:
-    """Per bound slice (sorted by its eid): the ids of the flows leaving it (``s``) and
-    arriving at it (``t``, ``f``), each list in flow eid order, NULL when empty."""
-    sel = bound >= 0
-    order = np.lexsort((eid[sel], bound[sel]))
-    bd, fid, none, out = (a[sel][order] for a in (bound, flow_id, no_id, is_out))
-    rows, starts = np.unique(bd, return_index=True)
-
-    def lists(mask: np.ndarray) -> pa.Array:
-        counts = (np.add.reduceat(mask.astype(np.int64), starts) if len(starts)
-                  else np.zeros(0, dtype=np.int64))
-        offsets = np.zeros(len(rows) + 1, dtype=np.int32)
-        np.cumsum(counts, out=offsets[1:])
-        values = pa.array(fid[mask], mask=none[mask])
-        return pa.ListArray.from_arrays(pa.array(offsets), values,
-                                        mask=pa.array(counts == 0))
-
-    return pa.table({"eid": pa.array(rows, type=pa.int64()), "flow_out": lists(out),
-                     "flow_in": lists(~out)})
+    con.execute(f"""
+        COPY (SELECT bound_eid AS eid,
+                     list(flow_id ORDER BY eid) FILTER (WHERE ph = 's') AS flow_out,
+                     list(flow_id ORDER BY eid) FILTER (WHERE ph IN ('f', 't')) AS flow_in
+              FROM read_parquet('{out / 'flows' / 'part-0.parquet'}')
+              WHERE bound_eid IS NOT NULL GROUP BY bound_eid ORDER BY bound_eid)
+        TO '{derived / 'flow_lists.parquet'}' (FORMAT parquet, ROW_GROUP_SIZE 65536)""")
 
 
 def _counters(con: duckdb.DuckDBPyConnection, stage: Path, out: Path, base_ns: int) -> int:
