@@ -611,5 +611,10 @@ def gather(b, starts, ends):  # noqa: ANN001, ANN201  # pragma: no cover
     for r in range(n):
         s = starts[r]
         if s >= 0:
-            data[offsets[r]:offsets[r + 1]] = b[s:ends[r]]
+            p, m = offsets[r], ends[r] - s
+            if m < 32:  # a loop beats a slice copy's set-up for short strings
+                for j in range(m):
+                    data[p + j] = b[s + j]
+            else:
+                data[p:p + m] = b[s:s + m]
     return offsets, data

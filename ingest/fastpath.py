@@ -32,26 +32,32 @@ _event_decoder = __import__("msgspec").json.Decoder(Event)
 
 
 class Scan:
-    """The per-event spans and values of one scanned piece (columns of ``_scan_kernel.F``)."""
+    """The per-event spans and values of one scanned piece (``_scan_kernel.F``). Columns are
+    read for a selection of rows (a table's events), so no table is built for all rows and
+    then filtered."""
 
     def __init__(self, text: bytes, buf: np.ndarray, F: np.ndarray, n: int) -> None:
-        # one contiguous column per field (the kernel writes an event's fields side by side)
-        self.text, self.buf, self.F, self.n = text, buf, np.ascontiguousarray(F[:n].T), n
+        # The kernel writes an event's fields side by side; one transposing copy makes each
+        # field contiguous (reading ~50 fields strided would pass over the matrix each time).
+        self.text, self.buf, self.n = text, buf, n
+        self.F = np.ascontiguousarray(F[:n].T)
+
+    def col(self, f: int, rows: np.ndarray | None = None) -> np.ndarray:
+        """One field of the selected rows, contiguous."""
+        return self.F[f] if rows is None else self.F[f][rows]
 
     def strings(self, f_start: int, f_end: int, rows: np.ndarray | None = None) -> pa.Array:
         """The spans of a field as a string column (NULL where the field was absent)."""
-        s, e = self.F[f_start], self.F[f_end]
-        if rows is not None:
-            s, e = s[rows], e[rows]
-        offsets, data = K.gather(self.buf, np.ascontiguousarray(s), np.ascontiguousarray(e))
+        s, e = self.col(f_start, rows), self.col(f_end, rows)
+        offsets, data = K.gather(self.buf, s, e)
         valid = s >= 0
         mask = None if valid.all() else pa.py_buffer(np.packbits(valid, bitorder="little"))
         return pa.StringArray.from_buffers(len(s), pa.py_buffer(offsets), pa.py_buffer(data),
                                            mask)
 
-    def ints(self, f_value: int, f_ok: int) -> pa.Array:
-        ok = self.F[f_ok] != 0
-        return pa.array(self.F[f_value], mask=~ok) if not ok.all() else pa.array(self.F[f_value])
+    def ints(self, f_value: int, f_ok: int, rows: np.ndarray | None = None) -> pa.Array:
+        values, ok = self.col(f_value, rows), self.col(f_ok, rows) != 0
+        return pa.array(values) if ok.all() else pa.array(values, mask=~ok)
 
     def event(self, k: int) -> Event:
         return _event_decoder.decode(self.text[self.F[K.F_START, k]:self.F[K.F_END, k]])
@@ -59,6 +65,11 @@ class Scan:
     def args_raw(self, k: int) -> bytes:
         s = self.F[K.F_ARGS_S, k]
         return b"" if s < 0 else self.text[s:self.F[K.F_ARGS_E, k]]
+
+
+def _phases(ph: np.ndarray) -> pa.Array:
+    """Phase bytes -> a string column."""
+    return pa.array(ph.view("S1")).cast(pa.string())
 
 
 def scan(text: bytes, is_last: bool) -> tuple[Scan | None, int, int]:
@@ -85,63 +96,62 @@ def fast_tables(sc: Scan) -> tuple[dict[str, pa.Table], list[Problem], bool, flo
     n = sc.n
     if n == 0:
         return None
-    F = sc.F
-    ph = F[K.F_PH].astype(np.uint8)
+    ph = sc.col(K.F_PH).astype(np.uint8)
     code = _CODE[ph]
-    ts_ok, dur_ok = F[K.F_TS_OK] != 0, F[K.F_DUR_OK] != 0
+    ts_ok, dur_ok = sc.col(K.F_TS_OK) != 0, sc.col(K.F_DUR_OK) != 0
+    ts_ns, dur = sc.col(K.F_TS), sc.col(K.F_DUR)
     is_x = ph == ord("X")
     if ((code == 0) | ((code < 4) & ~ts_ok) | (is_x & ~dur_ok)).any() \
-            or (is_x & (F[K.F_DUR] < 0)).any():
+            or (is_x & (dur < 0)).any():
         return None
-    ts_ns = F[K.F_TS]
-    dur_ns = np.where(dur_ok, F[K.F_DUR], 0)
+    dur_ns = np.where(dur_ok, dur, 0)
     ok_ts = ts_ns[ts_ok]
     max_abs = float(np.abs(ok_ts).max(initial=0)) / 1000
     has_fraction = bool(np.any(ok_ts % 1000 != 0))
-    ords = np.arange(n, dtype=np.int64)
     problems: list[Problem] = []
     tables: dict[str, pa.Table] = {}
-    ph_str = pa.array(ph.view("S1")).cast(pa.string())
-    pid_raw = sc.strings(K.F_PID_S, K.F_PID_E)
-    tid_raw = sc.strings(K.F_TID_S, K.F_TID_E)
 
-    keep = code == 1
-    if keep.any():
-        cat = sc.strings(K.F_CAT_S, K.F_CAT_E)
+    ev = np.flatnonzero(code == 1)
+    if len(ev):
+        rows = None if len(ev) == n else ev
+        cat = sc.strings(K.F_CAT_S, K.F_CAT_E, rows)
+        ev_ph = ph[ev]
         cols = {
-            "ord": pa.array(ords), "ph": ph_str, "cat": cat, "kind": _kind_column(cat),
-            "name": sc.strings(K.F_NAME_S, K.F_NAME_E),
-            "ts_ns": pa.array(ts_ns), "dur_ns": pa.array(dur_ns),
-            "pid_raw": pid_raw, "tid_raw": tid_raw,
-            "pid": sc.ints(K.F_PID_V, K.F_PID_OK), "tid": sc.ints(K.F_TID_V, K.F_TID_OK),
-            "async_id": sc.strings(K.F_ID_S, K.F_ID_E) if _ASYNC[ph].any()
-            else pa.nulls(n, pa.string()),
+            "ord": pa.array(ev.astype(np.int64)), "ph": _phases(ev_ph), "cat": cat,
+            "kind": _kind_column(cat), "name": sc.strings(K.F_NAME_S, K.F_NAME_E, rows),
+            "ts_ns": pa.array(ts_ns[ev]), "dur_ns": pa.array(dur_ns[ev]),
+            "pid_raw": sc.strings(K.F_PID_S, K.F_PID_E, rows),
+            "tid_raw": sc.strings(K.F_TID_S, K.F_TID_E, rows),
+            "pid": sc.ints(K.F_PID_V, K.F_PID_OK, rows),
+            "tid": sc.ints(K.F_TID_V, K.F_TID_OK, rows),
+            "async_id": sc.strings(K.F_ID_S, K.F_ID_E, rows) if _ASYNC[ev_ph].any()
+            else pa.nulls(len(ev), pa.string()),
         }
         nk = len(K.ARG_KEYS)
         for j, cname in enumerate(KEY_COLUMNS):
-            cols[cname] = sc.ints(K.F_KEYS + j, K.F_KEYS + nk + j)
-        cols["args"] = sc.strings(K.F_ARGS_S, K.F_ARGS_E)
-        t = pa.table(cols)
-        tables["events"] = t if keep.all() else t.filter(pa.array(keep))
+            cols[cname] = sc.ints(K.F_KEYS + j, K.F_KEYS + nk + j, rows)
+        cols["args"] = sc.strings(K.F_ARGS_S, K.F_ARGS_E, rows)
+        tables["events"] = pa.table(cols)
 
     idx = np.flatnonzero(code == 2)
     if len(idx):
-        if (F[K.F_ID_T][idx] == K.T_STR).any():
+        id_type = sc.col(K.F_ID_T, idx)
+        if (id_type == K.T_STR).any():
             return None
-        take = pa.array(idx)
-        ids = F[K.F_ID_V][idx]
         tables["flows"] = pa.table({
-            "ord": pa.array(ords[idx]),
-            "ph": ph_str.take(take),
+            "ord": pa.array(idx.astype(np.int64)),
+            "ph": _phases(ph[idx]),
             "cat": sc.strings(K.F_CAT_S, K.F_CAT_E, idx),
             "name": sc.strings(K.F_NAME_S, K.F_NAME_E, idx),
-            "flow_id": pa.array(ids, mask=F[K.F_ID_T][idx] != K.T_INT),
+            "flow_id": pa.array(sc.col(K.F_ID_V, idx), mask=id_type != K.T_INT),
             "flow_id_raw": sc.strings(K.F_ID_S, K.F_ID_E, idx),
             "ts_ns": pa.array(ts_ns[idx]),
-            "pid_raw": pid_raw.take(take), "tid_raw": tid_raw.take(take),
+            "pid_raw": sc.strings(K.F_PID_S, K.F_PID_E, idx),
+            "tid_raw": sc.strings(K.F_TID_S, K.F_TID_E, idx),
             "bp": sc.strings(K.F_BP_S, K.F_BP_E, idx),
         })
 
+    ords = np.arange(n, dtype=np.int64)
     idx = np.flatnonzero(code == 3)
     if len(idx):
         events = {int(k): sc.event(int(k)) for k in idx}
@@ -158,11 +168,11 @@ def fast_tables(sc: Scan) -> tuple[dict[str, pa.Table], list[Problem], bool, flo
             v = a.name if a.name is not None else (
                 a.labels if a.labels is not None else a.sort_index)
             vals.append(None if v is None else str(v))
-        take = pa.array(idx)
         tables["metadata_events"] = pa.table({
             "ord": pa.array(ords[idx]),
             "name": sc.strings(K.F_NAME_S, K.F_NAME_E, idx),
-            "pid_raw": pid_raw.take(take), "tid_raw": tid_raw.take(take),
+            "pid_raw": sc.strings(K.F_PID_S, K.F_PID_E, idx),
+            "tid_raw": sc.strings(K.F_TID_S, K.F_TID_E, idx),
             "value": pa.array(vals, type=pa.string()),
             "args": pa.array([r.decode() if r else None for r in raws], type=pa.string()),
         })
