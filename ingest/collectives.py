@@ -101,17 +101,18 @@ def build(con: duckdb.DuckDBPyConnection, out: Path, pg_ranks: dict[str, list[in
     kernels = _rows(con, f"""SELECT eid, name, stream, ts_ns, end_ns, external_id, launch_ts_ns,
                                     launch_tid FROM {g} WHERE is_comm
                              ORDER BY coalesce(launch_ts_ns, ts_ns)""")
+    calls = [(r, json.loads(r["args"]) if r["args"] else {}) for r in rpc]
     # before 2023-10 record_param_comms had no collective args: the nccl:<op> annotation
     # inside it names the op and its Input Dims / Input type give the size
     titles = {r["parent_eid"]: r for r in _rows(con, f"""
         SELECT c.parent_eid, c.name, c.args FROM {ev} c
         WHERE c.kind = 'user_annotation' AND c.name LIKE 'nccl:%' AND c.parent_eid IN (
-            SELECT eid FROM {ev} WHERE name = 'record_param_comms')""")}
+            SELECT eid FROM {ev} WHERE name = 'record_param_comms')""")
+        } if any(a.get("Collective name") is None for _, a in calls) else {}
     rows: list[dict] = []
     if rpc:
         index = _KernelIndex(kernels)
-        for r in rpc:
-            a = json.loads(r["args"]) if r["args"] else {}
+        for r, a in calls:
             if a.get("Collective name") in NOT_COLLECTIVES:
                 continue
             title = titles.get(r["eid"])
