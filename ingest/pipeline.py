@@ -14,6 +14,7 @@ from concurrent.futures import Future
 from dataclasses import replace
 from pathlib import Path
 
+from . import decode
 from .build import build_file
 from .decode import FAST_MIN_BYTES
 from .options import TRACE_SUFFIXES, FileResult, Options, UsageProblem
@@ -66,6 +67,17 @@ def _json_size(f: Path) -> int:
         return size
 
 
+def _load_scanner() -> None:
+    """Load the compiled scanner; if this machine cannot (numba missing or broken), every
+    piece goes to the msgspec decoder instead."""
+    try:
+        from .fastpath import warm
+
+        warm()
+    except Exception:  # noqa: BLE001  # any failure only means the slower decoder
+        decode.FAST_MIN_BYTES = 1 << 62
+
+
 def ingest(
     paths: list[Path],
     opts: Options,
@@ -92,10 +104,10 @@ def ingest(
     committed: dict[int, str] = {}
     try:
         if any(_json_size(f) >= FAST_MIN_BYTES for f in files):
-            from .fastpath import warm
-
-            warm()  # before the fork: the workers inherit the loaded scanner
-        if workers.workers > 1 and (parallel_files or len(small) < len(files)):
+            # load the compiled scanner before the fork, so the workers inherit it; the
+            # file is read and cut meanwhile
+            workers.prepare(_load_scanner)
+        if workers.workers > 1 and parallel_files:
             workers.pool()  # fork the workers before this process starts DuckDB threads
         pending: dict[Path, tuple[Path, Future]] = {}
         if parallel_files:

@@ -10,6 +10,7 @@ the general decoder's.
 
 from __future__ import annotations
 
+import json
 import math
 import random
 import subprocess
@@ -198,12 +199,38 @@ def test_invalid_utf8_hands_over() -> None:
     assert_same(fast, general)
 
 
-def test_store_is_the_same_either_way(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A generated 6 MB trace through the whole ingest: the fast path (its pieces are large
-    enough) and the general path write identical stores."""
-    trace = tmp_path / "rank0.json"
+@pytest.fixture(scope="module")
+def generated_trace(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A 6 MB Kineto-shaped trace from the benchmark generator."""
+    trace = tmp_path_factory.mktemp("gen") / "rank0.json"
     subprocess.run([sys.executable, str(REPO_ROOT / "benchmarks" / "gen_trace.py"),
                     "--size", "6MB", "--steps", "4", "--out", str(trace)], check=True)
+    return trace
+
+
+def test_ingest_without_the_scanner(generated_trace: Path, tmp_path: Path,
+                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """When the compiled scanner cannot load (numba missing or broken), the ingest decodes
+    every piece the general way instead of failing."""
+    monkeypatch.setattr(decode, "FAST_MIN_BYTES", 1 << 20)  # restored after the test
+
+    def broken() -> None:
+        raise RuntimeError("numba cannot compile here")
+
+    monkeypatch.setattr(fastpath, "warm", broken)
+    (r,) = ingest([generated_trace], Options(store=tmp_path / "s", job="j", workers=2,
+                                             piece_bytes=2 << 20))
+    assert r.status == "ingested" and r.events_quarantined == 0
+    assert r.events_stored == r.events_read == len(json.loads(generated_trace.read_bytes())[
+        "traceEvents"])
+    assert decode.FAST_MIN_BYTES == 1 << 62
+
+
+def test_store_is_the_same_either_way(generated_trace: Path, tmp_path: Path,
+                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """A generated 6 MB trace through the whole ingest: the fast path (its pieces are large
+    enough) and the general path write identical stores."""
+    trace = generated_trace
     stores = {}
     for tag, threshold in (("fast", 0), ("general", 1 << 62)):
         monkeypatch.setattr(decode, "FAST_MIN_BYTES", threshold)
