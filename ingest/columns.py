@@ -82,11 +82,12 @@ def _key_columns(events: list[Event], argkeys: list[EventArgKeys] | None) -> lis
     if argkeys is not None:
         rows = [a.args or _NO_KEYS for a in argkeys]
     else:
-        rows = [_args_keys_one(e.args) for e in events]
+        rows = [args_keys(e.args) for e in events]
     return list(zip(*map(_KEY_FIELDS, rows), strict=True)) if rows else [()] * len(KEY_COLUMNS)
 
 
-def _args_keys_one(raw: msgspec.Raw) -> ArgKeys:
+def args_keys(raw: msgspec.Raw | bytes) -> ArgKeys:
+    """The typed join keys of one event's raw args (none when args is not an object)."""
     if not len(raw):
         return _NO_KEYS
     try:
@@ -113,7 +114,8 @@ def _times(texts: list) -> tuple[np.ndarray, np.ndarray]:
     return ns, np.array([v is not None for v in vals], dtype=bool)
 
 
-def _kind_column(cat: pa.Array) -> pa.Array:
+def kind_column(cat: pa.Array) -> pa.Array:
+    """The normalized kind of each category (``kinds.KIND_OF_CAT``)."""
     enc = cat.dictionary_encode()
     kinds = pa.array([KIND_OF_CAT.get(c, OTHER) for c in enc.dictionary.to_pylist()],
                      type=pa.string())
@@ -187,7 +189,7 @@ def build_tables(
         cat_arr = pa.array(cat, type=pa.string())
         cols = {
             "ord": pa.array(ords), "ph": pa.array(ph, type=pa.string()), "cat": cat_arr,
-            "kind": _kind_column(cat_arr), "name": pa.array(name, type=pa.string()),
+            "kind": kind_column(cat_arr), "name": pa.array(name, type=pa.string()),
             "ts_ns": pa.array(ts_ns), "dur_ns": pa.array(dur_ns),
             "pid_raw": pid_raw, "tid_raw": tid_raw,
             "pid": int_column(pid), "tid": int_column(tid),
@@ -224,27 +226,32 @@ def build_tables(
 
     idx = np.flatnonzero(good & (code == 3))
     if len(idx):
-        t = _counters(events, idx, ords, ts_ns, problems)
+        t = counters_table(events, idx, ords, ts_ns, problems)
         if t is not None:
             tables["counters"] = t
 
     idx = np.flatnonzero(code == 4)
     if len(idx):
-        vals = []
-        for k in idx:
-            a = _args_keys_one(raws[k])
-            v = a.name if a.name is not None else (
-                a.labels if a.labels is not None else a.sort_index)
-            vals.append(None if v is None else str(v))
         take = pa.array(idx)
         tables["metadata_events"] = pa.table({
             "ord": pa.array(ords[idx]),
             "name": pa.array([name[k] for k in idx], type=pa.string()),
             "pid_raw": pid_raw.take(take), "tid_raw": tid_raw.take(take),
-            "value": pa.array(vals, type=pa.string()),
+            "value": metadata_values([raws[k] for k in idx]),
             "args": raw_json_column(tuple(raws[k] for k in idx)),
         })
     return tables, problems, has_fraction, max_abs
+
+
+def metadata_values(raws: list) -> pa.Array:
+    """The value of each metadata event: its args' name, labels or sort_index, as text."""
+    vals = []
+    for raw in raws:
+        a = args_keys(raw)
+        v = a.name if a.name is not None else (
+            a.labels if a.labels is not None else a.sort_index)
+        vals.append(None if v is None else str(v))
+    return pa.array(vals, type=pa.string())
 
 
 def _ts_stats(ts_v: tuple, ts_ns: np.ndarray, ts_ok: np.ndarray) -> tuple[bool, float]:
@@ -257,8 +264,9 @@ def _ts_stats(ts_v: tuple, ts_ns: np.ndarray, ts_ok: np.ndarray) -> tuple[bool, 
     return has_fraction, max_abs
 
 
-def _counters(events: list[Event], idx: np.ndarray, ords: np.ndarray, ts_ns: np.ndarray,
-              problems: list[Problem]) -> pa.Table | None:
+def counters_table(events: list[Event] | dict[int, Event], idx: np.ndarray, ords: np.ndarray,
+                   ts_ns: np.ndarray, problems: list[Problem]) -> pa.Table | None:
+    """One row per numeric series of each counter event (``ph`` C) at positions idx."""
     rows: dict[str, list] = {k: [] for k in ("ord", "name", "series", "counter_id", "pid_raw",
                                              "ts_ns", "value")}
     for k in idx:

@@ -12,11 +12,12 @@ a truncated event: see ``_scan_kernel.REASONS``) returns None and goes the gener
 
 from __future__ import annotations
 
+import msgspec
 import numpy as np
 import pyarrow as pa
 
 from . import _scan_kernel as K
-from .columns import KEY_COLUMNS, Problem, _args_keys_one, _counters, _kind_column
+from .columns import KEY_COLUMNS, Problem, counters_table, kind_column, metadata_values
 from .events import Event
 from .kinds import EVENT_PHASES, FLOW_PHASES
 
@@ -28,7 +29,7 @@ for _p, _c in [*((p, 1) for p in EVENT_PHASES), *((p, 2) for p in FLOW_PHASES), 
 _ASYNC = np.zeros(256, dtype=bool)
 _ASYNC[[ord("b"), ord("n"), ord("e")]] = True
 
-_event_decoder = __import__("msgspec").json.Decoder(Event)
+_event_decoder = msgspec.json.Decoder(Event)
 
 
 class Scan:
@@ -118,7 +119,7 @@ def fast_tables(sc: Scan) -> tuple[dict[str, pa.Table], list[Problem], bool, flo
         ev_ph = ph[ev]
         cols = {
             "ord": pa.array(ev.astype(np.int64)), "ph": _phases(ev_ph), "cat": cat,
-            "kind": _kind_column(cat), "name": sc.strings(K.F_NAME_S, K.F_NAME_E, rows),
+            "kind": kind_column(cat), "name": sc.strings(K.F_NAME_S, K.F_NAME_E, rows),
             "ts_ns": pa.array(ts_ns[ev]), "dur_ns": pa.array(dur_ns[ev]),
             "pid_raw": sc.strings(K.F_PID_S, K.F_PID_E, rows),
             "tid_raw": sc.strings(K.F_TID_S, K.F_TID_E, rows),
@@ -155,25 +156,19 @@ def fast_tables(sc: Scan) -> tuple[dict[str, pa.Table], list[Problem], bool, flo
     idx = np.flatnonzero(code == 3)
     if len(idx):
         events = {int(k): sc.event(int(k)) for k in idx}
-        t = _counters(events, idx, ords, ts_ns, problems)  # type: ignore[arg-type]
+        t = counters_table(events, idx, ords, ts_ns, problems)
         if t is not None:
             tables["counters"] = t
 
     idx = np.flatnonzero(code == 4)
     if len(idx):
         raws = [sc.args_raw(int(k)) for k in idx]
-        vals = []
-        for raw in raws:
-            a = _args_keys_one(raw)  # type: ignore[arg-type]
-            v = a.name if a.name is not None else (
-                a.labels if a.labels is not None else a.sort_index)
-            vals.append(None if v is None else str(v))
         tables["metadata_events"] = pa.table({
             "ord": pa.array(ords[idx]),
             "name": sc.strings(K.F_NAME_S, K.F_NAME_E, idx),
             "pid_raw": sc.strings(K.F_PID_S, K.F_PID_E, idx),
             "tid_raw": sc.strings(K.F_TID_S, K.F_TID_E, idx),
-            "value": pa.array(vals, type=pa.string()),
+            "value": metadata_values(raws),
             "args": pa.array([r.decode() if r else None for r in raws], type=pa.string()),
         })
     return tables, problems, has_fraction, max_abs
