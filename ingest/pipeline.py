@@ -104,10 +104,8 @@ def ingest(
     committed: dict[int, str] = {}
     try:
         if any(_json_size(f) >= FAST_MIN_BYTES for f in files):
-            # load the compiled scanner before the fork, so the workers inherit it; the
-            # file is read and cut meanwhile
-            workers.prepare(_load_scanner)
-        if workers.workers > 1 and parallel_files:
+            _load_scanner()  # before the fork: the workers inherit the loaded scanner
+        if workers.workers > 1 and (parallel_files or len(small) < len(files)):
             workers.pool()  # fork the workers before this process starts DuckDB threads
         pending: dict[Path, tuple[Path, Future]] = {}
         if parallel_files:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import ctypes
 import gc
 import multiprocessing as mp
-import threading
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
@@ -82,11 +81,6 @@ except OSError:  # not glibc
     _LIBC = None
 
 
-# Pieces cut ahead (the main process reads and hashes the file) while the compiled decoder
-# loads: byte ranges cost nothing to hold; pieces of a gzip file carry their text.
-READ_AHEAD_RANGES = 256
-
-
 class Workers:
     """Runs decoding (and other per-piece or per-file work) inline or on a process pool,
     created on first need."""
@@ -94,28 +88,11 @@ class Workers:
     def __init__(self, workers: int) -> None:
         self.workers = workers
         self._pool: ProcessPoolExecutor | None = None
-        self._preparing: threading.Thread | None = None
-
-    def prepare(self, fn: Callable[[], None]) -> None:
-        """Run fn (loading what the workers should inherit) in a thread; the pool is forked
-        only once it is done, and meanwhile ``map`` cuts pieces ahead."""
-        self._preparing = threading.Thread(target=fn, name="tracetool-prepare", daemon=True)
-        self._preparing.start()
-
-    def ready(self) -> None:
-        """Wait for ``prepare``'s work (never fork while another thread runs)."""
-        if self._preparing is not None:
-            self._preparing.join()
-            self._preparing = None
-
-    def _preparing_now(self) -> bool:
-        return self._preparing is not None and self._preparing.is_alive()
 
     def pool(self) -> ProcessPoolExecutor:
         """Forked workers (cheap to start, no re-import of __main__), all started at once
         by the first submit; ``ingest`` starts them before any DuckDB thread exists."""
         if self._pool is None:
-            self.ready()
             # Collect garbage first and freeze what is left: a child must never run the
             # finalizer of a parent's object (an unclosed DuckDB connection segfaults there).
             gc.collect()
@@ -134,23 +111,17 @@ class Workers:
         if first is None:
             return
         if self.workers <= 1 or first.is_last:
-            self.ready()
             yield first, decode_to_parts(first, str(stage), first.seq)
             for p in items:
                 yield p, decode_to_parts(p, str(stage), p.seq)
             return
-        ahead = [first]
-        while self._preparing_now() and not ahead[-1].is_last and len(ahead) < (
-                READ_AHEAD_RANGES if ahead[-1].text is None else self.workers + 1):
-            ahead.append(next(items))  # not the last piece: another follows
         pool = self.pool()
         window: deque[tuple[Piece, Future]] = deque()
 
         def submit(p: Piece) -> None:
             window.append((p, pool.submit(decode_to_parts, p, str(stage), p.seq)))
 
-        for p in ahead:
-            submit(p)
+        submit(first)
         for p in items:
             # release the piece text once submitted; keep only its position
             submit(p)
