@@ -320,55 +320,63 @@ def _skip_value(b, i, n, stack):  # noqa: ANN001, ANN202  # pragma: no cover
 
 
 @njit(cache=True)
+def _null_end(b, i, n):  # noqa: ANN001, ANN202  # pragma: no cover
+    """The end of a null at b[i], or -code (any other literal is a type the general path
+    handles)."""
+    e, kind = _literal_end(b, i, n)
+    if e < 0:
+        return -BAD_JSON
+    return -FIELD_TYPE if kind != 0 else e
+
+
+@njit(cache=True)
+def _plain_string_end(b, i, n):  # noqa: ANN001, ANN202  # pragma: no cover
+    """The end of a string without escapes at b[i] (its quote), or -code."""
+    e, esc = _string_end(b, i, n)
+    if e < 0:
+        return -BAD_JSON
+    return -ESCAPE if esc else e
+
+
+@njit(cache=True)
+def _integer(b, i, n):  # noqa: ANN001, ANN202  # pragma: no cover
+    """An integer token at b[i]: (end, value), or (-code, 0)."""
+    e, form = _number_end(b, i, n)
+    if e < 0:
+        return -BAD_JSON, 0
+    if form != 1:
+        return -FIELD_TYPE, 0
+    v, ok = _int_value(b, i, e)
+    return (e, v) if ok else (-NUMBER_FORM, 0)
+
+
+@njit(cache=True)
 def _scalar_field(b, i, n, F, k, f_s, f_e, f_t, f_v, f_ok):  # noqa: ANN001, ANN202, PLR0913  # pragma: no cover
     """pid/tid/id: an integer, a string or null. Returns end or -code."""
     c = b[i]
     if c == 34:
-        e, esc = _string_end(b, i, n)
-        if e < 0:
-            return -BAD_JSON
-        if esc:
-            return -ESCAPE
-        F[k, f_s], F[k, f_e], F[k, f_t] = i + 1, e - 1, T_STR
-        v, ok = _decimal_int(b, i + 1, e - 1)
-        F[k, f_v], F[k, f_ok] = v, ok
+        e = _plain_string_end(b, i, n)
+        if e >= 0:
+            F[k, f_s], F[k, f_e], F[k, f_t] = i + 1, e - 1, T_STR
+            v, ok = _decimal_int(b, i + 1, e - 1)
+            F[k, f_v], F[k, f_ok] = v, ok
         return e
     if c == 45 or (48 <= c <= 57):
-        e, form = _number_end(b, i, n)
-        if e < 0:
-            return -BAD_JSON
-        if form != 1:
-            return -FIELD_TYPE
-        v, ok = _int_value(b, i, e)
-        if not ok:
-            return -NUMBER_FORM
-        F[k, f_s], F[k, f_e], F[k, f_t], F[k, f_v], F[k, f_ok] = i, e, T_INT, v, 1
+        e, v = _integer(b, i, n)
+        if e >= 0:
+            F[k, f_s], F[k, f_e], F[k, f_t], F[k, f_v], F[k, f_ok] = i, e, T_INT, v, 1
         return e
-    e, kind = _literal_end(b, i, n)
-    if e < 0:
-        return -BAD_JSON
-    if kind != 0:
-        return -FIELD_TYPE
-    return e
+    return _null_end(b, i, n)
 
 
 @njit(cache=True)
 def _string_field(b, i, n, F, k, f_s, f_e):  # noqa: ANN001, ANN202, PLR0913  # pragma: no cover
     """cat/name/bp/s: a string without escapes, or null. Returns end or -code."""
-    if b[i] == 34:
-        e, esc = _string_end(b, i, n)
-        if e < 0:
-            return -BAD_JSON
-        if esc:
-            return -ESCAPE
-        if f_s >= 0:
-            F[k, f_s], F[k, f_e] = i + 1, e - 1
-        return e
-    e, kind = _literal_end(b, i, n)
-    if e < 0:
-        return -BAD_JSON
-    if kind != 0:
-        return -FIELD_TYPE
+    if b[i] != 34:
+        return _null_end(b, i, n)
+    e = _plain_string_end(b, i, n)
+    if e >= 0 and f_s >= 0:
+        F[k, f_s], F[k, f_e] = i + 1, e - 1
     return e
 
 
@@ -389,12 +397,7 @@ def _time_field(b, i, n, F, k, f_v, f_ok):  # noqa: ANN001, ANN202, PLR0913  # p
         return e
     if c == 34:
         return -FIELD_TYPE  # a string timestamp: the general path reads it
-    e, kind = _literal_end(b, i, n)
-    if e < 0:
-        return -BAD_JSON
-    if kind != 0:
-        return -FIELD_TYPE
-    return e
+    return _null_end(b, i, n)
 
 
 @njit(cache=True)
@@ -436,14 +439,9 @@ def _args_field(b, i, n, F, k, stack):  # noqa: ANN001, ANN202  # pragma: no cov
             seen |= 1 << idx
             c = b[i]
             if c == 45 or (48 <= c <= 57):
-                e, form = _number_end(b, i, n)
+                e, v = _integer(b, i, n)
                 if e < 0:
-                    return -BAD_JSON
-                if form != 1:
-                    return -FIELD_TYPE
-                v, ok = _int_value(b, i, e)
-                if not ok:
-                    return -NUMBER_FORM
+                    return e
                 F[k, F_KEYS + idx] = v
                 F[k, F_KEYS + nk + idx] = 1
                 i = e
@@ -532,11 +530,9 @@ def scan(b, is_last, F):  # noqa: ANN001, ANN201  # pragma: no cover
             if key == K_PH:
                 if b[i] != 34:
                     return k, FIELD_TYPE, -1
-                e, esc = _string_end(b, i, n)
+                e = _plain_string_end(b, i, n)
                 if e < 0:
-                    return k, BAD_JSON, -1
-                if esc:
-                    return k, ESCAPE, -1
+                    return k, -e, -1
                 if e - i != 3:
                     return k, LONG_PH if e - i > 3 else EMPTY_EVENT, -1
                 F[k, F_PH] = b[i + 1]
