@@ -16,9 +16,8 @@ from pathlib import Path
 
 from . import decode
 from .build import build_file
-from .decode import FAST_MIN_BYTES
 from .options import TRACE_SUFFIXES, FileResult, Options, UsageProblem
-from .source import GZIP_MAGIC
+from .source import is_gzip
 from .store import JOB_NAME, Store, StoredFile
 from .workers import Workers
 
@@ -59,12 +58,7 @@ def _size(f: Path) -> int:
 
 def _json_size(f: Path) -> int:
     """About how much JSON text a file holds (gzip'd traces inflate ~10x)."""
-    size = _size(f)
-    try:
-        with open(f, "rb") as fh:
-            return size * 10 if fh.read(2) == GZIP_MAGIC else size
-    except OSError:
-        return size
+    return _size(f) * (10 if is_gzip(f) else 1)
 
 
 def _load_scanner() -> None:
@@ -103,7 +97,7 @@ def ingest(
     parallel_files = workers.workers > 1 and len(files) > 1
     committed: dict[int, str] = {}
     try:
-        if any(_json_size(f) >= FAST_MIN_BYTES for f in files):
+        if any(_json_size(f) >= decode.FAST_MIN_BYTES for f in files):
             _load_scanner()  # before the fork: the workers inherit the loaded scanner
         if workers.workers > 1 and (parallel_files or len(small) < len(files)):
             workers.pool()  # fork the workers before this process starts DuckDB threads

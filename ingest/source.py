@@ -88,7 +88,7 @@ def _raw_blocks(info: SourceInfo, block_size: int = READ_BLOCK) -> Iterator[byte
             yield block
 
 
-def _is_gzip(path: Path) -> bool:
+def is_gzip(path: Path) -> bool:
     try:
         with open(path, "rb") as f:
             return f.read(2) == GZIP_MAGIC
@@ -97,7 +97,7 @@ def _is_gzip(path: Path) -> bool:
 
 
 def _text_blocks(info: SourceInfo) -> Iterator[bytes]:
-    raw = _raw_blocks(info, GZIP_READ_BLOCK if _is_gzip(info.path) else READ_BLOCK)
+    raw = _raw_blocks(info, GZIP_READ_BLOCK if is_gzip(info.path) else READ_BLOCK)
     first = next(raw, b"")
     if not first:
         raise TraceFileError("empty file")
