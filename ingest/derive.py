@@ -41,6 +41,10 @@ GPU_ARG_PATHS = {
 
 MapFn = Callable[[Callable, Iterable], Iterable]
 BATCH_ROWS = 1 << 18
+# The track of every flow event (eid, track_id, ts_ns, ph, bp).
+FLOW_TRACKS = """SELECT f.eid, t.track_id, f.ts_ns, f.ph, f.bp FROM fl_raw f
+                 JOIN track_ids t ON f.pid_raw IS NOT DISTINCT FROM t.pid_raw
+                                 AND f.tid_raw IS NOT DISTINCT FROM t.tid_raw"""
 
 
 @dataclass
@@ -154,7 +158,7 @@ def derive(
         kinds[tid] = k
 
     derived = work / "derived"
-    _nesting_and_flows(con, derived, out, total)
+    _nesting_and_flows(con, derived, total)
     con.execute("DROP TABLE ev")  # free DuckDB's memory for the queries that follow
     fixes = [(e, -1 if d is None else d) for e, d, drop in be_fix if not drop]
     fixes.sort()
@@ -163,19 +167,30 @@ def derive(
                fix_eid=np.array([e for e, _ in fixes], dtype=np.int64),
                fix_dur=np.array([d for _, d in fixes], dtype=np.int64))
 
-    ev_dir = table_dir(out, "events")
-    jobs = [FinishJob(str(full_events_part(p)), str(ev_dir / f"part-{i:05d}.parquet"), str(derived),
+    ev_dir, fl_dir = table_dir(out, "events"), table_dir(out, "flows")
+    fl_staged = {int(p.stem) for p in fl_parts}
+    jobs = [FinishJob(str(full_events_part(p)), str(ev_dir / f"part-{i:05d}.parquet"),
+                      str(stage / "flows" / p.name) if int(p.stem) in fl_staged else "",
+                      str(fl_dir / f"part-{i:05d}.parquet"), str(derived),
                       offsets[int(p.stem)], base_ns, tuple(kinds))
             for i, p in enumerate(ev_parts)]
+    # a piece with flows but no other events (rare) still gets its flows part
+    ev_staged = {int(p.stem) for p in ev_parts}
+    jobs += [FinishJob("", "", str(p), str(fl_dir / f"part-{len(jobs) + i:05d}.parquet"),
+                       str(derived), offsets[int(p.stem)], base_ns, tuple(kinds))
+             for i, p in enumerate(p for p in fl_parts if int(p.stem) not in ev_staged)]
     from .finish import finish_part
 
-    n_events = sum(parallel_map(finish_part, jobs))
-    if not jobs:
+    written = list(parallel_map(finish_part, jobs))
+    n_events = sum(e for e, _ in written)
+    n_flows = sum(f for _, f in written)
+    if not any(j.out_part for j in jobs):
         empty_table(out, "events")
+    if not n_flows:
+        empty_table(out, "flows")
     n_unmatched_e = sum(1 for i in issues if i[2] == "unmatched_end")
     n_merged_e = sum(1 for _, _, d in be_fix if d) - n_unmatched_e
 
-    n_flows = pq.ParquetFile(out / "flows" / "part-0.parquet").metadata.num_rows
     n_counter_events = _counters(con, stage, out, base_ns)
     n_meta = _metadata_and_tracks(con, stage, out)
     derive_gpu_ops(con, out)
@@ -217,52 +232,57 @@ def _batches(con: duckdb.DuckDBPyConnection, sql: str) -> Iterator[dict[str, np.
                for name, col in zip(batch.schema.names, batch.columns, strict=True)}
 
 
-def _nesting_and_flows(con: duckdb.DuckDBPyConnection, derived: Path, out: Path,
-                       total: int) -> None:
+def _nesting_and_flows(con: duckdb.DuckDBPyConnection, derived: Path, total: int) -> None:
     """Dense per-eid depth/parent/overlap/track arrays (memory-mapped .npy files, filled
-    from batches), and the flows table with each flow's bound slice."""
+    from batches); each flow's bound slice (``flow_eid``/``flow_bound``, by eid) and the flows
+    bound to each slice (``fl_*``, sorted by bound slice then flow eid), from which the
+    workers write the flows parts and the events' flow_out/flow_in lists."""
     derived.mkdir(parents=True, exist_ok=True)
 
-    def dense(name: str, dtype: type, fill: int) -> np.ndarray:
+    def dense(name: str, dtype: type, fill: int, n: int = total) -> np.ndarray:
         arr = np.lib.format.open_memmap(derived / f"{name}.npy", mode="w+", dtype=dtype,
-                                        shape=(total,))
+                                        shape=(n,))
         arr[:] = fill
         return arr
 
     depth, parent = dense("depth", np.int32, -1), dense("parent", np.int64, -1)
     overlap, track = dense("overlap", np.bool_, 0), dense("track", np.int32, -1)
-    for b in _batches(con, "SELECT eid, track_id FROM ev"):
+    for b in _batches(con, "SELECT eid, track_id FROM ev UNION ALL "
+                           f"SELECT eid, track_id FROM ({FLOW_TRACKS})"):
         track[b["eid"]] = b["track_id"]
     flow_eids, bound = nest_and_bind(
         _batches(con, """SELECT track_id, ts_ns, coalesce(dur_ns, 0) AS dur_ns, eid FROM ev
                          WHERE nests ORDER BY track_id, ts_ns, dur_ns DESC, eid"""),
-        _batches(con.cursor(), """
-            SELECT f.eid, t.track_id, f.ts_ns, (f.ph = 'f' AND f.bp IS DISTINCT FROM 'e') AS nxt
-            FROM fl_raw f JOIN track_ids t ON f.pid_raw IS NOT DISTINCT FROM t.pid_raw
-                                          AND f.tid_raw IS NOT DISTINCT FROM t.tid_raw
-            ORDER BY t.track_id, f.ts_ns, f.eid"""),
+        _batches(con.cursor(), f"""
+            SELECT f.eid, f.track_id, f.ts_ns, (f.ph = 'f' AND f.bp IS DISTINCT FROM 'e') AS nxt
+            FROM ({FLOW_TRACKS}) f ORDER BY f.track_id, f.ts_ns, f.eid"""),
         depth, parent, overlap)
     for arr in (depth, parent, overlap, track):
         arr.flush()
     del depth, parent, overlap, track
-    b_arr = np.frombuffer(bound, dtype=np.int64)
-    con.register("bound_arrow", pa.table({
-        "eid": pa.array(np.frombuffer(flow_eids, dtype=np.int64)),
-        "bound_eid": pa.array(b_arr, mask=b_arr < 0),
-    }))
-    copy_table(con, """SELECT f.*, t.track_id, b.bound_eid FROM fl_raw f
-                       JOIN bound_arrow b USING (eid)
-                       JOIN track_ids t ON f.pid_raw IS NOT DISTINCT FROM t.pid_raw
-                                       AND f.tid_raw IS NOT DISTINCT FROM t.tid_raw""",
-               out, "flows")
+    f_eid = np.frombuffer(flow_eids, dtype=np.int64)
+    f_bound = np.frombuffer(bound, dtype=np.int64)
+    by_eid = np.argsort(f_eid, kind="stable")
+    save_dense(derived, flow_eid=f_eid[by_eid], flow_bound=f_bound[by_eid])
+    del by_eid
+    con.register("bound_arrow", pa.table({"eid": pa.array(f_eid),
+                                          "bound_eid": pa.array(f_bound)}))
+    n = int((f_bound >= 0).sum())
+    fl_bound, fl_id = dense("fl_bound", np.int64, -1, n), dense("fl_id", np.int64, 0, n)
+    fl_valid, fl_out = dense("fl_valid", np.bool_, 0, n), dense("fl_out", np.bool_, 0, n)
+    at = 0
+    for b in _batches(con, """
+            SELECT b.bound_eid, coalesce(f.flow_id, 0) AS flow_id,
+                   f.flow_id IS NOT NULL AS valid, f.ph = 's' AS is_out
+            FROM fl_raw f JOIN bound_arrow b USING (eid) WHERE b.bound_eid >= 0
+            ORDER BY b.bound_eid, f.eid"""):
+        k = len(b["bound_eid"])
+        fl_bound[at:at + k], fl_id[at:at + k] = b["bound_eid"], b["flow_id"]
+        fl_valid[at:at + k], fl_out[at:at + k] = b["valid"], b["is_out"]
+        at += k
     con.unregister("bound_arrow")
-    con.execute(f"""
-        COPY (SELECT bound_eid AS eid,
-                     list(flow_id ORDER BY eid) FILTER (WHERE ph = 's') AS flow_out,
-                     list(flow_id ORDER BY eid) FILTER (WHERE ph IN ('f', 't')) AS flow_in
-              FROM read_parquet('{out / 'flows' / 'part-0.parquet'}')
-              WHERE bound_eid IS NOT NULL GROUP BY bound_eid ORDER BY bound_eid)
-        TO '{derived / 'flow_lists.parquet'}' (FORMAT parquet, ROW_GROUP_SIZE 65536)""")
+    for arr in (fl_bound, fl_id, fl_valid, fl_out):
+        arr.flush()
 
 
 def _counters(con: duckdb.DuckDBPyConnection, stage: Path, out: Path, base_ns: int) -> int:

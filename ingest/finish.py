@@ -16,7 +16,7 @@ import pyarrow.compute as pc
 import pyarrow.feather as feather
 import pyarrow.parquet as pq
 
-from tracetool.schema import EVENTS
+from tracetool.schema import EVENTS, FLOWS
 
 # Columns with few distinct values get Parquet dictionary encoding; for the others (args,
 # ids, times) trying it only costs time and, once the dictionary overflows, space: writing
@@ -27,8 +27,10 @@ DICTIONARY_COLUMNS = ("ph", "cat", "kind", "name", "pid_raw", "tid_raw", "track_
 
 @dataclass(frozen=True)
 class FinishJob:
-    stage_part: str
+    stage_part: str  # whole-row staged events ("" when the piece has none)
     out_part: str
+    flows_stage_part: str  # staged flows ("" when the piece has none)
+    flows_out_part: str
     derived_dir: str
     offset: int
     base_ns: int
@@ -45,9 +47,39 @@ def _load(d: Path, name: str) -> np.ndarray:
     return np.load(d / f"{name}.npy", mmap_mode="r")
 
 
-def finish_part(job: FinishJob) -> int:
-    """Write the final events part; returns the rows written."""
+def finish_part(job: FinishJob) -> tuple[int, int]:
+    """Write the final events and flows parts of a piece; returns the rows of each."""
     d = Path(job.derived_dir)
+    n_events = _finish_events(job, d) if job.stage_part else 0
+    n_flows = _finish_flows(job, d) if job.flows_stage_part else 0
+    return n_events, n_flows
+
+
+def _finish_flows(job: FinishJob, d: Path) -> int:
+    t = pq.read_table(job.flows_stage_part)
+    eid = t["ord"].to_numpy() + job.offset
+    flow_eid = _load(d, "flow_eid")
+    pos = np.minimum(np.searchsorted(flow_eid, eid), max(len(flow_eid) - 1, 0))
+    if not len(flow_eid) or not (flow_eid[pos] == eid).all():
+        raise AssertionError("flow events missing from the flow binding")
+    bound = _load(d, "flow_bound")[pos]
+    cols = {
+        "eid": pa.array(eid), "ts_ns": pc.add(t["ts_ns"], job.base_ns),
+        "track_id": pa.array(_load(d, "track")[eid].astype(np.int32)),
+        "bound_eid": pa.array(bound, mask=bound < 0),
+    }
+    out = pa.table({c.name: _cast(cols[c.name] if c.name in cols else t[c.name], c.type)
+                    for c in FLOWS.columns})
+    _write(out, job.flows_out_part)
+    return out.num_rows
+
+
+def _write(t: pa.Table, path: str) -> None:
+    pq.write_table(t, path, compression="zstd", row_group_size=128 * 1024,
+                   use_dictionary=[c for c in DICTIONARY_COLUMNS if c in t.column_names])
+
+
+def _finish_events(job: FinishJob, d: Path) -> int:
     t = feather.read_table(job.stage_part)
     eid = t["ord"].to_numpy() + job.offset
     drops = _load(d, "drop_eid") if (d / "drop_eid.npy").exists() else None
@@ -97,8 +129,7 @@ def finish_part(job: FinishJob) -> int:
     cols["flow_out"], cols["flow_in"] = flow_out, flow_in
     cols["args"] = t["args"]
     out = pa.table({c.name: _cast(cols[c.name], c.type) for c in EVENTS.columns})
-    pq.write_table(out, job.out_part, compression="zstd", row_group_size=128 * 1024,
-                   use_dictionary=[c for c in DICTIONARY_COLUMNS if c in out.column_names])
+    _write(out, job.out_part)
     return out.num_rows
 
 
@@ -107,15 +138,26 @@ def _cast(a: pa.Array | pa.ChunkedArray, t: pa.DataType) -> pa.Array | pa.Chunke
 
 
 def _flow_lists(d: Path, eid: np.ndarray) -> tuple[pa.Array, pa.Array]:
-    f = d / "flow_lists.parquet"
-    empty = pa.nulls(len(eid), pa.list_(pa.int64()))
-    if not f.exists() or not len(eid):
+    """flow_out / flow_in of each event (ascending eids): the flow ids bound to it, in flow
+    eid order, NULL when there are none of that direction."""
+    fl_bound = _load(d, "fl_bound")
+    lo = np.searchsorted(fl_bound, eid, "left")
+    lens = np.searchsorted(fl_bound, eid, "right") - lo
+    n_total = int(lens.sum())
+    if not n_total:
+        empty = pa.nulls(len(eid), pa.list_(pa.int64()))
         return empty, empty
-    fl = pq.read_table(f, filters=[("eid", ">=", int(eid.min())), ("eid", "<=", int(eid.max()))])
-    if not fl.num_rows:
-        return empty, empty
-    fe = fl["eid"].to_numpy()
-    pos = np.minimum(np.searchsorted(fe, eid), len(fe) - 1)
-    hit = fe[pos] == eid
-    idx = pa.array(pos, mask=~hit)
-    return fl["flow_out"].take(idx), fl["flow_in"].take(idx)
+    # the index of every bound flow of every event, events in order
+    starts = np.cumsum(lens) - lens
+    idx = np.repeat(lo - starts, lens) + np.arange(n_total)
+    row = np.repeat(np.arange(len(eid)), lens)
+    ids, valid, is_out = _load(d, "fl_id")[idx], _load(d, "fl_valid")[idx], _load(d, "fl_out")[idx]
+    return (_lists(row[is_out], ids[is_out], valid[is_out], len(eid)),
+            _lists(row[~is_out], ids[~is_out], valid[~is_out], len(eid)))
+
+
+def _lists(row: np.ndarray, ids: np.ndarray, valid: np.ndarray, n: int) -> pa.Array:
+    counts = np.bincount(row, minlength=n)
+    offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int32)
+    return pa.ListArray.from_arrays(pa.array(offsets), pa.array(ids, mask=~valid),
+                                    mask=pa.array(counts == 0))

@@ -220,7 +220,7 @@ FLOWS = Table(
         _c("bp", STR, "Binding point as written ('e' = enclosing slice), NULL when absent."),
         _c("bound_eid", I64, "eid of the slice the flow event binds to, NULL when none."),
     ),
-    sort_key=("cat", "flow_id", "eid"),
+    sort_key=("eid",),
 )
 
 COUNTERS = Table(
