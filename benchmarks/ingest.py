@@ -96,14 +96,14 @@ class CaseResult:
     file_bytes: int
     gen_events: int
     seconds: list[float] = field(default_factory=list)
-    peak_rss_mb: float = 0.0  # summed RSS of the process tree, max over runs
-    peak_pss_mb: float = 0.0  # summed PSS (shared pages counted once), max over runs
+    peak_rss_mb: float = 0.0  # summed RSS of the process tree (the sampled run)
+    peak_pss_mb: float = 0.0  # summed PSS (shared pages counted once; the sampled run)
     max_process_rss_mb: float = 0.0  # largest single process, max over runs
     events_read: int | None = None
     events_stored: int | None = None
     events_quarantined: int | None = None
     json_load_seconds: float | None = None
-    hta: dict | None = None
+    hta: dict | None = None  # HTA's load of the same (uncompressed) trace
     error: str = ""
     stage_seconds: dict[str, list[float]] = field(default_factory=dict)  # from --json timings
 
@@ -119,8 +119,9 @@ class CaseResult:
     def events_per_s(self) -> float:
         return (self.events_read or 0) / self.median if self.median else 0.0
 
-    def summary(self, hta_mb_s: float | None) -> dict:
+    def summary(self) -> dict:
         """Flat dict for --json output."""
+        hta_mb_s = self.hta["mb_per_s"] if self.hta else None
         d = asdict(self)
         d.update(
             median_seconds=self.median,
@@ -133,14 +134,17 @@ class CaseResult:
         return d
 
 
-def run_ingest(cmd: list[str], path: Path, workers: int | None, timeout: float) -> tuple:
-    """One `tracetool ingest` run into a fresh store: (RunResult, report dict or None)."""
+def run_ingest(cmd: list[str], path: Path, workers: int | None, timeout: float,
+               sample_memory: bool) -> tuple:
+    """One `tracetool ingest` run into a fresh store: (RunResult, report dict or None).
+    Timed runs go unsampled; the memory sampler slows the run it watches."""
     store = Path(tempfile.mkdtemp(prefix="store-", dir=WORK))
     try:
         argv = [*cmd, "ingest", str(path), "--store", str(store), "--force", "--json"]
         if workers:
             argv += ["--workers", str(workers)]
-        r = hta_baseline.run_measured(argv, timeout=timeout)
+        r = hta_baseline.run_measured(argv, timeout=timeout,
+                                      sample_interval=0.1 if sample_memory else None)
     finally:
         shutil.rmtree(store, ignore_errors=True)
     reports = [o for o in _json_objects(r.stdout) if "events_read" in o]
@@ -170,8 +174,9 @@ def time_json_load(path: Path, runs: int) -> float:
 
 
 def hta_reference(size: str, seed: int, rerun: bool, timeout: float) -> dict | None:
-    """HTA load on the 200 MB file, cached per trace file (it takes ~40 s). If HTA is too slow
-    there (timeout), fall back to a 50 MB file of the same shape and say so."""
+    """HTA load on the file of this size, cached per trace file (~40 s for 200 MB, ~4 min
+    for 1 GB). If HTA is too slow there (timeout), fall back to a 50 MB file of the same
+    shape and say so."""
     for sz in (size, "50MB"):
         trace = cached_trace(sz, STEPS, seed, gz=False)
         cache = trace.with_name(trace.name + ".hta.json")
@@ -194,15 +199,14 @@ def _fmt(v: float | None, spec: str) -> str:
 
 
 def print_table(
-    results: list[CaseResult], hta: dict | None, runs: int, out: TextIO = sys.stdout
+    results: list[CaseResult], runs: int, out: TextIO = sys.stdout
 ) -> None:
     """Readable summary table."""
-    hta_mb_s = hta["mb_per_s"] if hta else None
     cols = ("case", "MB", "events_read", "median s", "MB/s", "Mev/s", "peak RSS MB",
             "peak PSS MB", "vs HTA", "vs json.load")
     rows = []
     for r in results:
-        s = r.summary(hta_mb_s)
+        s = r.summary()
         rows.append((
             r.case, f"{r.uncompressed_bytes / 1e6:.0f}",
             "-" if r.events_read is None else str(r.events_read),
@@ -237,12 +241,13 @@ def print_table(
         if r.json_load_seconds:
             print(f"  json.load {r.case}: {r.json_load_seconds:.2f} s "
                   f"({r.uncompressed_bytes / 1e6 / r.json_load_seconds:.1f} MB/s)", file=out)
-    if hta:
+    htas = {r.hta["path"]: r.hta for r in results if r.hta}
+    for hta in htas.values():
         print(f"  HTA 0.5.0 TraceAnalysis load of {Path(hta['path']).name}: "
               f"{hta['load_seconds']:.1f} s = {hta['mb_per_s']:.2f} MB/s, peak RSS "
               f"{hta['peak_rss_mb']:.0f} MB, {hta['rows']} rows, {hta['iterations']} iterations"
               + (f" ({hta['note']})" if hta.get("note") else ""), file=out)
-    else:
+    if not htas:
         print("  HTA baseline: skipped", file=out)
     print("  'vs HTA' = MB/s ratio; 'vs json.load' = json.load seconds / ingest seconds "
           "(same file)", file=out)
@@ -274,26 +279,32 @@ def main(argv: list[str] | None = None) -> int:
     if not skip_1gb:
         cases.append(("1GB.json", "1GB", False))
     paths = {name: cached_trace(size, STEPS, a.seed, gz) for name, size, gz in cases}
-    hta = None if skip_hta else hta_reference("200MB", a.seed, a.rerun_hta, a.hta_timeout)
+    hta = {} if skip_hta else {size: hta_reference(size, a.seed, a.rerun_hta, a.hta_timeout)
+                               for size in dict.fromkeys(size for _, size, _ in cases)}
 
     results: list[CaseResult] = []
-    for name, _size, _gz in cases:
+    for name, size, _gz in cases:
         path = paths[name]
         meta = trace_meta(path)
-        res = CaseResult(name, str(path), meta["bytes"], path.stat().st_size, meta["events"])
-        for i in range(a.runs):
-            print(f"{name}: run {i + 1}/{a.runs} ...", file=sys.stderr, flush=True)
-            r, rep = run_ingest(cmd, path, a.workers, a.timeout)
+        res = CaseResult(name, str(path), meta["bytes"], path.stat().st_size, meta["events"],
+                         hta=hta.get(size))
+        # the timed runs, then one run sampled for the tree's peak RSS / PSS
+        for i in range(a.runs + 1):
+            sampled = i == a.runs
+            what = "memory run" if sampled else f"run {i + 1}/{a.runs}"
+            print(f"{name}: {what} ...", file=sys.stderr, flush=True)
+            r, rep = run_ingest(cmd, path, a.workers, a.timeout, sample_memory=sampled)
             if r.returncode != 0 or rep is None:
                 tail = " | ".join((r.stderr or r.stdout).strip().splitlines()[-4:])
                 res.error = f"exit {r.returncode}" + (
                     "" if rep or r.returncode else ", no JSON report") + (f": {tail}" if tail
                                                                           else "")
                 break
-            res.seconds.append(r.seconds)
-            res.peak_rss_mb = max(res.peak_rss_mb, r.tree_peak_rss_mb)
-            res.peak_pss_mb = max(res.peak_pss_mb, r.tree_peak_pss_mb)
             res.max_process_rss_mb = max(res.max_process_rss_mb, r.maxrss_mb)
+            if sampled:
+                res.peak_rss_mb, res.peak_pss_mb = r.tree_peak_rss_mb, r.tree_peak_pss_mb
+                continue
+            res.seconds.append(r.seconds)
             res.events_read = rep.get("events_read")
             res.events_stored = rep.get("events_stored")
             res.events_quarantined = rep.get("events_quarantined")
@@ -303,13 +314,12 @@ def main(argv: list[str] | None = None) -> int:
             res.json_load_seconds = time_json_load(path, max(1, min(a.runs, 3)))
         results.append(res)
 
-    hta_mb_s = hta["mb_per_s"] if hta else None
     doc = {
         "runs": a.runs, "workers": a.workers, "command": cmd,
-        "cases": [r.summary(hta_mb_s) for r in results], "hta": hta,
+        "cases": [r.summary() for r in results], "hta": hta,
     }
     (WORK / "last-ingest-results.json").write_text(json.dumps(doc, indent=1))
-    print_table(results, hta, a.runs, out=sys.stderr if a.json else sys.stdout)
+    print_table(results, a.runs, out=sys.stderr if a.json else sys.stdout)
     if a.json:
         print(json.dumps(doc))
     return 1 if any(r.error for r in results) else 0

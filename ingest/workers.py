@@ -6,7 +6,6 @@ cut fell inside an event is joined with the next piece and decoded again.
 
 from __future__ import annotations
 
-import ctypes
 import gc
 import multiprocessing as mp
 from collections import deque
@@ -63,22 +62,8 @@ def decode_to_parts(piece: Piece, stage: str, part: int) -> PieceResult:
                        compression="lz4",
                        use_dictionary=[c for c in DICTIONARY_COLUMNS if c in table.column_names])
     res.tables = {}
-    release_memory()
-    return res
-
-
-def release_memory() -> None:
-    """Hand freed memory back to the OS between pieces (Arrow's pool and glibc keep it
-    otherwise), so an idle worker does not sit on a piece's worth of RSS."""
     pa.default_memory_pool().release_unused()
-    if _LIBC is not None:
-        _LIBC.malloc_trim(0)
-
-
-try:
-    _LIBC: ctypes.CDLL | None = ctypes.CDLL("libc.so.6")
-except OSError:  # not glibc
-    _LIBC = None
+    return res
 
 
 class Workers:
