@@ -236,7 +236,8 @@ def _nesting_and_flows(con: duckdb.DuckDBPyConnection, derived: Path, total: int
     """Dense per-eid depth/parent/overlap/track arrays (memory-mapped .npy files, filled
     from batches); each flow's bound slice (``flow_eid``/``flow_bound``, by eid) and the flows
     bound to each slice (``fl_*``, sorted by bound slice then flow eid), from which the
-    workers write the flows parts and the events' flow_out/flow_in lists."""
+    workers write the flows parts and the events' flow_out/flow_in lists (memory-mapped too:
+    this process never holds them whole)."""
     derived.mkdir(parents=True, exist_ok=True)
 
     def dense(name: str, dtype: type, fill: int, n: int = total) -> np.ndarray:
@@ -260,28 +261,36 @@ def _nesting_and_flows(con: duckdb.DuckDBPyConnection, derived: Path, total: int
     for arr in (depth, parent, overlap, track):
         arr.flush()
     del depth, parent, overlap, track
-    f_eid = np.frombuffer(flow_eids, dtype=np.int64)
+    # Both orders come from DuckDB's sort (it spills under its memory limit): this process
+    # holds only the merge's own output (16 bytes per flow), no sorted copies.
     f_bound = np.frombuffer(bound, dtype=np.int64)
-    by_eid = np.argsort(f_eid, kind="stable")
-    save_dense(derived, flow_eid=f_eid[by_eid], flow_bound=f_bound[by_eid])
-    del by_eid
-    con.register("bound_arrow", pa.table({"eid": pa.array(f_eid),
+    con.register("bound_arrow", pa.table({"eid": pa.array(np.frombuffer(flow_eids, np.int64)),
                                           "bound_eid": pa.array(f_bound)}))
-    n = int((f_bound >= 0).sum())
-    fl_bound, fl_id = dense("fl_bound", np.int64, -1, n), dense("fl_id", np.int64, 0, n)
-    fl_valid, fl_out = dense("fl_valid", np.bool_, 0, n), dense("fl_out", np.bool_, 0, n)
-    at = 0
-    for b in _batches(con, """
-            SELECT b.bound_eid, coalesce(f.flow_id, 0) AS flow_id,
-                   f.flow_id IS NOT NULL AS valid, f.ph = 's' AS is_out
-            FROM fl_raw f JOIN bound_arrow b USING (eid) WHERE b.bound_eid >= 0
-            ORDER BY b.bound_eid, f.eid"""):
-        k = len(b["bound_eid"])
-        fl_bound[at:at + k], fl_id[at:at + k] = b["bound_eid"], b["flow_id"]
-        fl_valid[at:at + k], fl_out[at:at + k] = b["valid"], b["is_out"]
-        at += k
+    n_bound = int((f_bound >= 0).sum())
+    del f_bound
+    _fill(con, "SELECT eid, bound_eid FROM bound_arrow ORDER BY eid",
+          {"eid": dense("flow_eid", np.int64, -1, len(flow_eids)),
+           "bound_eid": dense("flow_bound", np.int64, -1, len(flow_eids))})
+    _fill(con, """SELECT b.bound_eid, coalesce(f.flow_id, 0) AS flow_id,
+                         f.flow_id IS NOT NULL AS valid, f.ph = 's' AS is_out
+                  FROM fl_raw f JOIN bound_arrow b USING (eid) WHERE b.bound_eid >= 0
+                  ORDER BY b.bound_eid, f.eid""",
+          {"bound_eid": dense("fl_bound", np.int64, -1, n_bound),
+           "flow_id": dense("fl_id", np.int64, 0, n_bound),
+           "valid": dense("fl_valid", np.bool_, 0, n_bound),
+           "is_out": dense("fl_out", np.bool_, 0, n_bound)})
     con.unregister("bound_arrow")
-    for arr in (fl_bound, fl_id, fl_valid, fl_out):
+
+
+def _fill(con: duckdb.DuckDBPyConnection, sql: str, arrays: dict[str, np.ndarray]) -> None:
+    """Stream a query's columns, in order, into (memory-mapped) arrays of its row count."""
+    at = 0
+    for b in _batches(con, sql):
+        k = len(next(iter(b.values())))
+        for name, arr in arrays.items():
+            arr[at:at + k] = b[name]
+        at += k
+    for arr in arrays.values():
         arr.flush()
 
 
