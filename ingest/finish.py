@@ -83,7 +83,7 @@ def _write(t: pa.Table, path: str) -> None:
 
 
 def _finish_events(job: FinishJob, d: Path) -> int:
-    t = feather.read_table(job.stage_part)
+    t = feather.read_table(job.stage_part, memory_map=True)
     eid = t["ord"].to_numpy() + job.offset
     drops = _load(d, "drop_eid") if (d / "drop_eid.npy").exists() else None
     if drops is not None and len(drops):

@@ -53,10 +53,12 @@ def decode_to_parts(piece: Piece, stage: str, part: int) -> PieceResult:
             break
         table = table.append_column("piece", pa.array([part] * table.num_rows, pa.int32()))
         if name == "events":
-            # whole rows for the finishing workers (Arrow IPC: 5x faster to read back), the
-            # light columns the derivation stage queries as Parquet for DuckDB
+            # whole rows for the finishing workers as uncompressed Arrow IPC (memory-mapped
+            # back: 5x faster to read than Parquet; against lz4, 4% faster ingest and 10%
+            # less peak RSS at ~2.5x the temporary disk), the light columns the derivation
+            # stage queries as Parquet for DuckDB
             feather.write_feather(table, _stage_dir(stage, FULL_EVENTS) / f"{part:08d}.arrow",
-                                  compression="lz4")
+                                  compression="uncompressed")
             table = table.select(STAGED_EVENT_COLUMNS)
         pq.write_table(table, _stage_dir(stage, name) / f"{part:08d}.parquet",
                        compression="lz4",
