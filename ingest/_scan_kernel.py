@@ -242,6 +242,22 @@ def _key_index(b, s, e, blob, off):  # noqa: ANN001, ANN202  # pragma: no cover
 
 
 @njit(cache=True)
+def _past_key(b, i, n):  # noqa: ANN001, ANN202  # pragma: no cover
+    """The index after an object member's key and colon (whitespace allowed before each),
+    or -BAD_JSON."""
+    i = _ws(b, i, n)
+    if i >= n or b[i] != 34:
+        return -BAD_JSON
+    i, _ = _string_end(b, i, n)
+    if i < 0:
+        return -BAD_JSON
+    i = _ws(b, i, n)
+    if i >= n or b[i] != 58:
+        return -BAD_JSON
+    return i + 1
+
+
+@njit(cache=True)
 def _skip_value(b, i, n, stack):  # noqa: ANN001, ANN202  # pragma: no cover
     """Validate and skip one JSON value starting at b[i] (after whitespace): end or -code."""
     depth = 0
@@ -264,15 +280,9 @@ def _skip_value(b, i, n, stack):  # noqa: ANN001, ANN202  # pragma: no cover
                 i += 1
                 closed_now = True
             elif c == 123:
-                if b[i] != 34:
-                    return -BAD_JSON
-                i, _ = _string_end(b, i, n)
+                i = _past_key(b, i, n)
                 if i < 0:
-                    return -BAD_JSON
-                i = _ws(b, i, n)
-                if i >= n or b[i] != 58:
-                    return -BAD_JSON
-                i += 1
+                    return i
                 continue
             else:
                 continue
@@ -301,16 +311,9 @@ def _skip_value(b, i, n, stack):  # noqa: ANN001, ANN202  # pragma: no cover
             if c == 44:
                 i += 1
                 if top == 123:
-                    i = _ws(b, i, n)
-                    if i >= n or b[i] != 34:
-                        return -BAD_JSON
-                    i, _ = _string_end(b, i, n)
+                    i = _past_key(b, i, n)
                     if i < 0:
-                        return -BAD_JSON
-                    i = _ws(b, i, n)
-                    if i >= n or b[i] != 58:
-                        return -BAD_JSON
-                    i += 1
+                        return i
                 break
             if (c == 125 and top == 123) or (c == 93 and top == 91):
                 depth -= 1
