@@ -94,6 +94,11 @@ def _repair(text: bytes, err: Exception) -> bytes | None:
     for q in (p, p - 1):
         if 0 <= q < len(text) and text[q] < 0x20 and "invalid character" in msg:
             return text[:q] + b"\\u%04x" % text[q] + text[q + 1 :]
+    # NaN, Infinity, -Infinity: Python's json module writes them; JSON has no such values
+    for token in (b"NaN", b"Infinity"):
+        if "invalid character" in msg and text.startswith(token, p):
+            s = p - 1 if token == b"Infinity" and text[p - 1 : p] == b"-" else p
+            return text[:s] + b"null" + text[p + len(token) :]
     c = text[p : p + 1]
     if "invalid escape" in msg:
         b = text.rfind(b"\\", 0, p + 1)
@@ -258,10 +263,33 @@ def split_lenient(text: bytes, base_offset: int, is_first: bool, is_last: bool,
             j = i
             chunk = text[a:b]
             stripped = chunk.strip()
+        if is_last and j == n - 1 and kind != "ok" and (cut := _array_close(stripped)):
+            # a broken last event: the array still closes after it
+            _emit(out, stripped[:cut], off)
+            out.closed, out.trailer = True, stripped[cut + 1 :]
+            return out
         _emit(out, stripped, off)
         first_event_seen = True
         i = j + 1
     return out
+
+
+def _array_close(text: bytes) -> int | None:
+    """Where the event array closes after a last event that does not parse: the first "]"
+    after a "}" that leaves a valid end of the top-level object (nothing, for the bare-array
+    form); failing that, the first one followed by "}", "," or nothing."""
+    cands = [m.start() for m in re.finditer(rb"\}\s*\]", text)]
+    cands = [text.index(b"]", c) for c in cands]
+    for k in cands:
+        rest = text[k + 1 :].strip()
+        if not rest:
+            return k
+        try:
+            msgspec.json.decode(b"{" + rest.removeprefix(b",").lstrip())
+            return k
+        except msgspec.DecodeError:
+            continue
+    return next((k for k in cands if text[k + 1 :].lstrip()[:1] in (b"", b"}", b",")), None)
 
 
 def _object_end(text: bytes, pos: int) -> int:

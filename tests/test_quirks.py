@@ -149,6 +149,51 @@ def test_non_json_tail_after_trace_events(tmp_path: Path) -> None:
     assert c.execute("SELECT issue FROM ingest_issues").fetchone() == ("bad_top_level",)
 
 
+def test_nan_and_infinity_are_repaired_to_null(tmp_path: Path) -> None:
+    # Python's json module writes them (HTA's json.loads reads them); JSON has no such values
+    evs = ['{"ph":"X","cat":"cpu_op","name":"record_param_comms","pid":1,"tid":1,"ts":7,'
+           '"dur":1,"args":{"Collective name":"allreduce","Seq":3,"a":NaN,"b":-Infinity,'
+           '"c":[1, Infinity]}}', x("ok", 9, 1)]
+    code, rows, err, store = ingest_one(tmp_path, kineto_text(evs))
+    assert code == 0, err
+    assert (rows[0]["events_stored"], rows[0]["events_quarantined"]) == (2, 0)
+    c = con(store)
+    args = json.loads(c.execute("SELECT args FROM events WHERE eid = 0").fetchone()[0])
+    assert args == {"Collective name": "allreduce", "Seq": 3, "a": None, "b": None,
+                    "c": [1, None]}
+    assert c.execute("SELECT eid, issue, quarantined FROM ingest_issues").fetchall() == [
+        (0, "repaired_json", False)]
+    assert c.execute("SELECT collective, seq FROM collectives").fetchall() == [("allreduce", 3)]
+
+
+BROKEN_LAST = ('{"ph":"X","cat":"cpu_op","name":"bad","pid":1,"tid":1,"ts":7,"dur":1,'
+               '"args":{"x":[{"a":1}], "y": tru}}')
+
+
+@pytest.mark.parametrize("container", ["object", "array"])
+def test_broken_last_event_is_quarantined_and_the_array_still_closes(
+        tmp_path: Path, container: str) -> None:
+    if container == "object":
+        text = kineto_text([x("ok", 1, 1), BROKEN_LAST],
+                           extra_after=', "deviceProperties": [{"name": "GPU Z"}]')
+    else:
+        text = "[" + json.dumps(x("ok", 1, 1)) + ",\n" + BROKEN_LAST + "]\n"
+    code, rows, err, store = ingest_one(tmp_path, text)
+    assert code == 0, err
+    assert "truncated" not in err
+    r = rows[0]
+    assert (r["events_read"], r["events_stored"], r["events_quarantined"], r["salvaged"]) == (
+        2, 1, 1, False)
+    c = con(store)
+    assert c.execute("SELECT eid, issue, quarantined FROM ingest_issues").fetchall() == [
+        (1, "invalid_json", True)]
+    if container == "object":
+        assert c.execute("SELECT device_names FROM trace_files").fetchone() == (["GPU Z"],)
+    (tmp_path / "strict").mkdir()
+    code, rows, err, _ = ingest_one(tmp_path / "strict", text, "--strict")
+    assert code == 0 and rows[0]["status"] == "ingested", err
+
+
 def test_uint64_ids_and_flows(tmp_path: Path) -> None:
     evs = [
         x("record_param_comms", 10, 5, **{"Comms Id": 10159970886766084423,
