@@ -7,11 +7,11 @@ runs the derivation stage and checks conservation; committing into the store is 
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -25,21 +25,13 @@ from . import derive as derive_mod
 from .decode import Issue, PieceResult, issues_table
 from .metadata import base_time_ns, distributed_rank, parse_members, rank_from_file_name
 from .options import ET_NAME, FileResult, Options
-from .source import Piece, SourceInfo, TraceFileError, pieces
+from .source import Piece, SourceInfo, TraceFileError, pieces, sha256_of
 from .store import StoredFile
 from .workers import Workers, decode_all
 
 
 class FileFailed(Exception):
     """The file cannot be ingested; the message is one line naming the problem."""
-
-
-def sha256_of(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(8 << 20):
-            h.update(block)
-    return h.hexdigest()
 
 
 def build_file(
@@ -73,7 +65,11 @@ def build_file(
     # is there)
     mine = [s for s in stored if s.job == opts.job]
     if not opts.force and any(s.bytes == size for s in mine):
-        digest = sha256_of(path)
+        try:
+            digest = sha256_of(path)
+        except TraceFileError as err:
+            res.message = str(err)
+            return res
         same = [s for s in mine if s.sha256 == digest]
         if same:
             res.status, res.job, res.rank = "skipped", same[0].job, same[0].rank
@@ -115,6 +111,13 @@ def _build(
     t0 = time.perf_counter()
     results = decode_all(workers, reported(pieces(info, opts.piece_bytes)), stage)
     res.timings["read_decode_s"] = round(time.perf_counter() - t0, 3)
+    # A plain file is hashed now, in a thread beside the derivation stage, which leaves a
+    # core partly idle; hashing while the workers decoded took CPU from them.
+    hashing = None
+    if not info.sha256:
+        thread = ThreadPoolExecutor(1)
+        hashing = thread.submit(sha256_of, path)
+        thread.shutdown(wait=False)
     if progress:
         progress(info.bytes_on_disk)
 
@@ -199,6 +202,8 @@ def _build(
 
     stats = [pr for _, pr, _ in results]
     res.events_read, res.events_stored, res.events_quarantined = total, stored_n, quarantined
+    if hashing is not None:
+        info.sha256 = hashing.result()
     row = {
         "path": str(path.resolve()), "file_name": path.name, "sha256": info.sha256,
         "bytes": info.bytes_on_disk, "json_bytes": info.json_bytes,

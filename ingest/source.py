@@ -1,18 +1,22 @@
-"""Read a trace file as a stream of JSON text blocks, and cut its event array into pieces.
+"""Read a trace file and cut its event array into pieces.
 
-One pass over the file does three things: hash the bytes on disk (sha256, for idempotent
-re-ingest), gunzip when the file starts with the gzip magic (isal, multi-member aware), and
-hand out pieces of the ``traceEvents`` array of about ``piece_bytes`` each, cut at a ``}, {``
-boundary so workers can decode them independently. Memory stays at a few pieces.
+Pieces of the ``traceEvents`` array are about ``piece_bytes`` each, cut at a ``}, {``
+boundary so workers can decode them independently; memory stays at a few pieces. A plain
+file's cut points are found by reading a little text at each target offset (the workers read
+their pieces themselves, and the file's sha256 is taken later, by ``sha256_of``); a gzip file
+is read in one pass that hashes the bytes on disk, gunzips (isal, multi-member aware) and
+hands out pieces carrying their text.
 """
 
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import BinaryIO
 
 from isal import isal_zlib
 
@@ -25,6 +29,7 @@ GZIP_MAGIC = b"\x1f\x8b"
 TRACE_EVENTS_KEY = re.compile(rb'"traceEvents"\s*:\s*\[')
 WHITESPACE = b"\xef\xbb\xbf \t\r\n"
 BOUNDARY_CONTEXT = 1 << 16  # a "}, {" separator longer than this is not found
+CUT_WINDOW = 1 << 20  # text read at a plain file's target offset to find the cut
 
 
 class TraceFileError(Exception):
@@ -64,6 +69,19 @@ class SourceInfo:
     hasher: hashlib._Hash = field(default_factory=hashlib.sha256, repr=False)
 
 
+def sha256_of(path: Path) -> str:
+    """The file's sha256. hashlib and file reads release the GIL, so a thread can take it
+    beside other work."""
+    h = hashlib.sha256()
+    try:
+        with open(path, "rb") as f:
+            while block := f.read(READ_BLOCK):
+                h.update(block)
+    except OSError as err:
+        raise TraceFileError(f"read error: {err.strerror or err}") from None
+    return h.hexdigest()
+
+
 def _raw_blocks(info: SourceInfo, block_size: int = READ_BLOCK) -> Iterator[bytes]:
     try:
         f = open(info.path, "rb")  # noqa: SIM115
@@ -84,7 +102,6 @@ def _raw_blocks(info: SourceInfo, block_size: int = READ_BLOCK) -> Iterator[byte
             if not block:
                 return
             info.bytes_on_disk += len(block)
-            info.hasher.update(block)
             yield block
 
 
@@ -109,6 +126,7 @@ def _text_blocks(info: SourceInfo) -> Iterator[bytes]:
             yield block
         return
     info.compression = "gzip"
+    info.hasher.update(first)
     d = isal_zlib.decompressobj(wbits=31)
     pending = first
     while True:
@@ -133,6 +151,7 @@ def _text_blocks(info: SourceInfo) -> Iterator[bytes]:
         block = next(raw, None)
         if block is None:
             break
+        info.hasher.update(block)
         pending = block
     if not d.eof:
         info.gzip_truncated = True  # salvage what was decompressed
@@ -141,8 +160,9 @@ def _text_blocks(info: SourceInfo) -> Iterator[bytes]:
 def pieces(info: SourceInfo, piece_bytes: int = 32 << 20) -> Iterator[Piece]:
     """Yield the pieces of the event array; ``info`` gains the preamble and container.
 
-    Pieces of a plain file are byte ranges the worker reads itself (the main process only
-    hashes the file and finds the cut points); pieces of a gzip file carry their text.
+    Pieces of a plain file are byte ranges the worker reads itself, and ``info.sha256``
+    stays empty (the caller takes it with ``sha256_of``); pieces of a gzip file carry their
+    text, and the file is hashed as it is read.
     """
     blocks = _text_blocks(info)
     buf = b""
@@ -174,10 +194,11 @@ def pieces(info: SourceInfo, piece_bytes: int = 32 << 20) -> Iterator[Piece]:
         text = buf[lead : lead + 20].decode("utf-8", "replace")
         raise TraceFileError(f"not JSON: starts with {text!r}")
     if info.compression == "none":
-        yield from _range_pieces(info, blocks, buf, start, piece_bytes)
+        blocks.close()
+        yield from _range_pieces(info, start, piece_bytes)
     else:
         yield from _text_pieces(blocks, buf[start:], start, piece_bytes)
-    info.sha256 = info.hasher.hexdigest()
+        info.sha256 = info.hasher.hexdigest()
 
 
 def _text_pieces(blocks: Iterator[bytes], buf: bytes, offset: int, piece_bytes: int
@@ -214,44 +235,45 @@ def _text_pieces(blocks: Iterator[bytes], buf: bytes, offset: int, piece_bytes: 
         seq += 1
 
 
-def _range_pieces(info: SourceInfo, blocks: Iterator[bytes], head: bytes, start: int,
-                  piece_bytes: int) -> Iterator[Piece]:
-    """Cut points of a plain file found while hashing it; text stays on disk.
+def _range_pieces(info: SourceInfo, start: int, piece_bytes: int) -> Iterator[Piece]:
+    """Byte-range pieces of a plain file: the cut after each target offset is found in a
+    little text read there, so this process does not read (or hash) the whole file while
+    the workers decode it."""
+    try:
+        f = open(info.path, "rb")  # noqa: SIM115
+    except OSError as err:
+        raise TraceFileError(f"cannot open: {err.strerror or err}") from None
+    with f:
+        size = os.fstat(f.fileno()).st_size
+        seq, piece_start, gap = 0, start, b""
+        while True:
+            cut = _next_cut(f, piece_start + piece_bytes, size)
+            info.bytes_on_disk = info.json_bytes = size if cut is None else cut[0]
+            if cut is None:
+                yield Piece(seq, None, piece_start, seq == 0, True, info.path,
+                            size - piece_start, gap=gap)
+                return
+            at, nxt, sep = cut
+            yield Piece(seq, None, piece_start, seq == 0, False, info.path, at - piece_start,
+                        gap=gap)
+            seq, piece_start, gap = seq + 1, nxt, sep
 
-    The cut after ``target`` is searched for in the block holding ``target``; the text is
-    only copied (the previous block's tail joined to this block) when ``target`` lies in
-    that tail or a separator straddles two blocks."""
-    seq = 0
-    piece_start = start
-    gap = b""
-    block, block_off = head, 0  # the current block and its offset in the file
-    tail = b""  # the last BOUNDARY_CONTEXT bytes before block
-    while True:
-        target = piece_start + piece_bytes
-        m = None
-        base = block_off
-        if block_off + len(block) > target:
-            if target >= block_off:
-                m = BOUNDARY.search(block, target - block_off)
-            if m is None:  # target in the tail, or a separator across the block edge
-                window = tail + block
-                base = block_off - len(tail)
-                m = BOUNDARY.search(window, max(0, target - base))
+
+def _next_cut(f: BinaryIO, target: int, size: int) -> tuple[int, int, bytes] | None:
+    """The first "}, {" separator starting at or after ``target``: (end of this piece,
+    start of the next, the separator between them), or None when there is none."""
+    pos = target
+    while pos < size:
+        f.seek(pos)
+        try:
+            window = f.read(CUT_WINDOW)
+        except OSError as err:
+            raise TraceFileError(f"read error: {err.strerror or err}") from None
+        m = BOUNDARY.search(window)
         if m is not None:
-            cut = base + m.start() + 1
-            yield Piece(seq, None, piece_start, seq == 0, False, info.path, cut - piece_start,
-                        gap=gap)
-            gap = m.group()[1:-1]
-            piece_start = base + m.end() - 1
-            seq += 1
-            continue
-        nxt = next(blocks, None)
-        if nxt is None:
-            end = block_off + len(block)
-            yield Piece(seq, None, piece_start, seq == 0, True, info.path, end - piece_start,
-                        gap=gap)
-            return
-        tail = (tail + block)[-BOUNDARY_CONTEXT:] if len(block) < BOUNDARY_CONTEXT \
-            else block[-BOUNDARY_CONTEXT:]
-        block_off += len(block)
-        block = nxt
+            return pos + m.start() + 1, pos + m.end() - 1, m.group()[1:-1]
+        if pos + len(window) >= size:
+            return None
+        # a separator may straddle the window's end: search again from before it
+        pos += max(len(window) - BOUNDARY_CONTEXT, 1)
+    return None
