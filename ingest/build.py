@@ -8,6 +8,7 @@ runs the derivation stage and checks conservation; committing into the store is 
 from __future__ import annotations
 
 import json
+import os
 import re
 import time
 from collections.abc import Callable, Iterator
@@ -85,6 +86,9 @@ def build_file(
     except duckdb.Error as err:  # e.g. out of memory or disk in the derivation stage
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         res.status, res.message = "error", f"derivation stage failed: {first}"
+    except OSError as err:  # writing the work files (reading the trace is TraceFileError)
+        why = os.strerror(err.errno) if err.errno else str(err).strip().splitlines()[0]
+        res.status, res.message = "error", f"writing the store failed: {why}"
     finally:
         if own:
             workers.close()

@@ -10,7 +10,7 @@ import gc
 import multiprocessing as mp
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures import Future, ProcessPoolExecutor, wait
 from pathlib import Path
 
 import pyarrow as pa
@@ -108,23 +108,32 @@ class Workers:
         def submit(p: Piece) -> None:
             window.append((p, pool.submit(decode_to_parts, p, str(stage), p.seq)))
 
-        submit(first)
-        for p in items:
-            # release the piece text once submitted; keep only its position
-            submit(p)
-            while len(window) > self.workers:
+        try:
+            submit(first)
+            for p in items:
+                # release the piece text once submitted; keep only its position
+                submit(p)
+                while len(window) > self.workers:
+                    q, fut = window.popleft()
+                    yield q, fut.result()
+            while window:
                 q, fut = window.popleft()
                 yield q, fut.result()
-        while window:
-            q, fut = window.popleft()
-            yield q, fut.result()
+        finally:
+            # on an error, let no worker still write into a work dir about to be removed
+            for _, fut in window:
+                fut.cancel()
+            wait([fut for _, fut in window])
 
     def run(self, fn: Callable, items: Iterable) -> list:
-        """fn over items, on the pool when there is one and more than one item."""
+        """fn over items, on the pool when there is one and more than one item. All calls
+        finish before an error is raised (none may still write when the caller cleans up)."""
         items = list(items)
         if self.workers <= 1 or len(items) <= 1:
             return [fn(x) for x in items]
-        return list(self.pool().map(fn, items))
+        futures = [self.pool().submit(fn, x) for x in items]
+        wait(futures)
+        return [f.result() for f in futures]
 
     def submit(self, fn: Callable, *args: object) -> Future:
         return self.pool().submit(fn, *args)

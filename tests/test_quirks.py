@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 from pathlib import Path
 
@@ -420,3 +421,30 @@ def test_two_inputs_claiming_one_rank_in_one_call(tmp_path: Path) -> None:
     assert [r["status"] for r in rows] == ["ingested", "error"]
     assert "rank 3 is also claimed by a.json" in rows[1]["message"]
     assert con(tmp_path / "s").execute("SELECT name FROM events").fetchall() == [("a",)]
+
+
+def _no_space(*_: object, **__: object) -> None:
+    raise OSError(errno.ENOSPC, "No space left on device")
+
+
+@pytest.mark.parametrize("where, workers", [
+    ("tracetool.ingest.workers.feather.write_feather", 1),  # staging a piece, inline
+    ("tracetool.ingest.workers.feather.write_feather", 2),  # staging a piece, on the pool
+    ("tracetool.ingest.finish._write", 2),  # a final part, on the pool
+])
+def test_full_disk_is_a_one_line_error_and_leaves_nothing(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, where: str, workers: int) -> None:
+    evs = [x(f"op{i}", 10 * i, 5, pad="p" * 60) for i in range(200)]
+    f = write(tmp_path / "rank0.json", kineto_text(evs))
+    store = tmp_path / "store"
+    monkeypatch.setattr(where, _no_space)  # the forked workers inherit it
+    res = ingest([f], Options(store=store, job="j", workers=workers, piece_bytes=2000))
+    assert (res[0].status, res[0].message) == (
+        "error", "writing the store failed: No space left on device")
+    assert not (store / ".tmp").exists()
+    assert not list(store.glob("data/*/*"))  # no partition, not even a half-written one
+    if workers == 1:
+        code, out, err = run("ingest", f, "--store", store, "--workers", "1")
+        assert code == 1 and out == ""
+        assert err == (f"tracetool: error: {f}: writing the store failed: No space left on "
+                       "device\n")
