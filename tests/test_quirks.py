@@ -448,3 +448,15 @@ def test_full_disk_is_a_one_line_error_and_leaves_nothing(
         assert code == 1 and out == ""
         assert err == (f"tracetool: error: {f}: writing the store failed: No space left on "
                        "device\n")
+
+
+def test_store_that_is_not_a_directory(tmp_path: Path) -> None:
+    f = write(tmp_path / "rank0.json", kineto_text([x("a", 1, 1)]))
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    code, _, err = run("ingest", f, "--store", afile)
+    assert code == 2 and err.strip().endswith(f"Error: --store {afile} is not a directory")
+    code, _, err = run("ingest", f, "--store", afile / "sub")
+    assert code == 2 and err.strip().endswith(
+        f"Error: cannot create the store {afile / 'sub'}: Not a directory")
+    assert afile.read_text() == "x"
