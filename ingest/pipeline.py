@@ -97,6 +97,12 @@ def ingest(
     small = [f for f in files if _size(f) <= opts.piece_bytes]
     parallel_files = workers.workers > 1 and len(files) > 1
     committed: dict[int, str] = {}
+    workdirs: list[Path] = []  # removed at the end whatever happens (an error, Ctrl-C)
+
+    def new_workdir() -> Path:
+        workdirs.append(store.new_workdir())
+        return workdirs[-1]
+
     try:
         if any(_json_size(f) >= decode.FAST_MIN_BYTES for f in files):
             _load_scanner()  # before the fork: the workers inherit the loaded scanner
@@ -105,25 +111,28 @@ def ingest(
         pending: dict[Path, tuple[Path, Future]] = {}
         if parallel_files:
             for f in small:
-                wd = store.new_workdir()
+                wd = new_workdir()
                 pending[f] = (wd, workers.submit(build_file, f, opts, wd, stored))
         for f in files:
             if f in pending:
                 wd, fut = pending.pop(f)
                 r = fut.result()
             else:
-                wd = store.new_workdir()
+                wd = new_workdir()
                 prog = progress_factory(f, _size(f)) if progress_factory else None
                 r = build_file(f, opts, wd, stored, workers, prog)
             try:
                 r = _commit(r, store, stored, committed, opts.force)
             finally:
                 store.cleanup(wd)
+                workdirs.remove(wd)
             results.append(r)
             if on_result:
                 on_result(r)
     finally:
-        workers.close()
+        workers.close()  # first: no worker may still write into a work dir
+        for wd in workdirs:
+            store.cleanup(wd)
     return results
 
 

@@ -460,3 +460,23 @@ def test_store_that_is_not_a_directory(tmp_path: Path) -> None:
     assert code == 2 and err.strip().endswith(
         f"Error: cannot create the store {afile / 'sub'}: Not a directory")
     assert afile.read_text() == "x"
+
+
+def _interrupt(*_: object, **__: object) -> None:
+    raise KeyboardInterrupt
+
+
+@pytest.mark.parametrize("where, n_files", [
+    ("tracetool.ingest.derive.derive", 1),  # one file, in the derivation stage
+    ("tracetool.ingest.pipeline._commit", 2),  # two files built on the pool, one pending
+])
+def test_ctrl_c_leaves_no_work_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                     where: str, n_files: int) -> None:
+    files = [write(tmp_path / f"rank{r}.json", kineto_text([x("a", 1, 1)], rank=r))
+             for r in range(n_files)]
+    store = tmp_path / "store"
+    monkeypatch.setattr(where, _interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        ingest(files, Options(store=store, job="j", workers=2))
+    assert not (store / ".tmp").exists()
+    assert not list(store.glob("data/*/*"))
