@@ -25,7 +25,8 @@ __all__ = ["FileResult", "Options", "UsageProblem", "ingest"]
 
 
 def expand_inputs(paths: Iterable[Path]) -> tuple[list[Path], list[FileResult]]:
-    """Files named directly, plus every trace file inside named directories (sorted)."""
+    """Files named directly, plus every trace file inside named directories (sorted); a file
+    named twice (say, alone and inside its directory) is ingested once."""
     files: list[Path] = []
     errors: list[FileResult] = []
     for p in paths:
@@ -38,7 +39,14 @@ def expand_inputs(paths: Iterable[Path]) -> tuple[list[Path], list[FileResult]]:
             files += found
         else:
             files.append(p)
-    return files, errors
+    seen: set[Path] = set()
+    unique = []
+    for f in files:
+        key = f.resolve()
+        if key not in seen:
+            seen.add(key)
+            unique.append(f)
+    return unique, errors
 
 
 def default_job(paths: list[Path], files: list[Path]) -> str:

@@ -423,6 +423,19 @@ def test_two_inputs_claiming_one_rank_in_one_call(tmp_path: Path) -> None:
     assert con(tmp_path / "s").execute("SELECT name FROM events").fetchall() == [("a",)]
 
 
+def test_a_file_named_twice_is_ingested_once(tmp_path: Path) -> None:
+    d = tmp_path / "job"
+    d.mkdir()
+    a = write(d / "rank0.json", kineto_text([x("a", 1, 1)], rank=0))
+    write(d / "rank1.json", kineto_text([x("b", 1, 1)], rank=1))
+    code, out, err = run("ingest", a, d, tmp_path / "job" / ".." / "job" / "rank0.json",
+                         "--store", tmp_path / "s", "--json")
+    assert code == 0, err
+    rows = [json.loads(line) for line in out.splitlines()]
+    assert [(Path(r["path"]).name, r["rank"], r["status"]) for r in rows] == [
+        ("rank0.json", 0, "ingested"), ("rank1.json", 1, "ingested")]
+
+
 def _no_space(*_: object, **__: object) -> None:
     raise OSError(errno.ENOSPC, "No space left on device")
 
