@@ -98,7 +98,7 @@ def ingest(
         raise UsageProblem("--rank applies to a single trace file, but several were given")
     opts = replace(opts, job=job)
     store = Store(opts.store)
-    _make_store_dir(store.root)
+    store.create()
     store.check_format()
     stored = store.stored_files()
     workers = Workers(opts.workers or os.cpu_count() or 1)
@@ -142,15 +142,6 @@ def ingest(
         for wd in workdirs:
             store.cleanup(wd)
     return results
-
-
-def _make_store_dir(root: Path) -> None:
-    if root.exists() and not root.is_dir():
-        raise UsageProblem(f"--store {root} is not a directory")
-    try:
-        root.mkdir(parents=True, exist_ok=True)
-    except OSError as err:
-        raise UsageProblem(f"cannot create the store {root}: {err.strerror or err}") from None
 
 
 def _commit(r: FileResult, store: Store, stored: list[StoredFile], committed: dict[int, str],

@@ -19,6 +19,8 @@ import pyarrow.parquet as pq
 
 from tracetool.store_views import STORE_FORMAT, check_format
 
+from .options import UsageProblem
+
 JOB_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]*$")
 
 
@@ -37,6 +39,16 @@ class Store:
         self.root = Path(root)
         self.data = self.root / "data"
         self.tmp = self.root / ".tmp"
+
+    def create(self) -> None:
+        """Make the store's directory (UsageProblem when the path cannot be one)."""
+        if self.root.exists() and not self.root.is_dir():
+            raise UsageProblem(f"--store {self.root} is not a directory")
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            raise UsageProblem(f"cannot create the store {self.root}: "
+                               f"{err.strerror or err}") from None
 
     def check_format(self) -> None:
         """A store with data must be of this tracetool's format (StoreFormatError)."""
