@@ -57,12 +57,20 @@ EDGE_KINDS: dict[str, str] = {
                     "gloo worker thread",
     "thread_wake": "inferred CPU hand-off: end of an event on another thread of the rank -> "
                    "the point where a thread resumed after an idle or waiting gap",
+    "transfer_wake": "inferred wait for a CPU-side transfer (replay only, not walked by the "
+                     "critical path): end of a gloo span -> the start where another thread "
+                     "of the rank resumed after going idle while it was in flight (DDP waits "
+                     "on the bucket futures unrecorded); the resume may precede the span's "
+                     "recorded end a little (tolerance 5% of the span, at least 100 us), so "
+                     "its lag can be negative",
 }
+# edges the backward walk does not follow (their lag may be negative)
+REPLAY_ONLY_KINDS = ("transfer_wake",)
 KIND_NAMES = list(EDGE_KINDS)
 
 # Segment kinds of the path.
 SEGMENT_KINDS = ("compute", "comm", "memcpy", "launch_overhead", "cpu", "idle_wait")
-CLASSES = ("compute", "comm", "memcpy", "cpu")  # classes of events (_cp_events.cls)
+CLASSES = ("compute", "comm", "memcpy", "cpu")  # classes of events (cp_nodes.cls)
 
 SYNC_CALLS = (
     "cudaDeviceSynchronize", "cudaStreamSynchronize", "cudaEventSynchronize",
@@ -77,11 +85,12 @@ EDGES_DDL = """
 --   end ('end') of event src_eid (events.eid) of rank rank_src.
 -- rank_dst, dst_eid, dst_point: the point that depends on it (same encoding).
 -- kind: cpu_order, gpu_order, launch, sync, collective, stream_wait, comm_wait,
---   comm_enqueue, thread_wake (tracetool.analysis.critical_path.EDGE_KINDS says what each
---   one means and where it comes from).
+--   comm_enqueue, thread_wake, transfer_wake (tracetool.analysis.critical_path.EDGE_KINDS:
+--   what each one means and where it comes from).
 -- lag_ns: time of the dst point minus time of the src point, >= 0 (on the two ranks'
---   recorded clocks for 'collective'). The src with the smallest lag into a point is the
---   dependency that was satisfied last: the one the critical path follows.
+--   recorded clocks for 'collective', and transfer_wake may be slightly negative). The src
+--   with the smallest lag into a point is the dependency that was satisfied last: the one
+--   the critical path follows (it does not walk transfer_wake edges: the replay's only).
 CREATE TABLE IF NOT EXISTS edges (
     job VARCHAR, rank_src INTEGER, src_eid BIGINT, src_point {point},
     rank_dst INTEGER, dst_eid BIGINT, dst_point {point}, kind {kind}, lag_ns BIGINT);
@@ -100,26 +109,34 @@ CRITICAL_PATH_DDL = """
 --   idle_wait (waiting on a dependency: sync return, stream waits, thread hand-offs, gaps).
 -- edge_kind: the edges.kind that ends the segment ('none' for filler at the window's ends).
 -- start_ns, end_ns, dur_ns: the segment; consecutive segments touch, and they cover the
---   step window [min over ranks of steps.start_ns, max over ranks of steps.end_ns].
+--   job step [job_steps.start_ns, job_steps.end_ns] (or the window), so a step's segments
+--   add up to job_steps.dur_ns.
 CREATE TABLE IF NOT EXISTS critical_path (
     job VARCHAR, step INTEGER, seq BIGINT, rank INTEGER, track_id INTEGER,
     track_kind VARCHAR, eid BIGINT, name VARCHAR, kind VARCHAR, edge_kind VARCHAR,
     start_ns BIGINT, end_ns BIGINT, dur_ns BIGINT);
 """
 
-# Nodes: the events whose start and end points are graph nodes, with what the walk needs.
-# cls: what a segment inside the event is (compute/comm/memcpy/cpu); waitable: a CPU event
-# whose self time can be waiting on another thread (annotations, ProfilerStep, *wait* ops);
-# wake_start: a gap before a start point of this CPU event is idle or waiting (its parent is
-# absent or waitable), so a thread_wake edge may end there (not at a gloo span: its start
-# has its comm_enqueue edge).
-_EVENTS_SQL = """
-CREATE TEMP TABLE IF NOT EXISTS _cp_events (
+# Nodes: the events whose start and end points are graph nodes (the table cp_nodes).
+NODES_DDL = """
+-- @table cp_nodes: the events whose start and end points are the nodes of the dependency
+--   graph (edges), one row per event, built with edges by build_edges, per job.
+-- job, rank, eid: the event (events.eid). track_id: its track (tracks).
+-- name, ts_ns, end_ns, depth, parent_eid: as in events (depth 0 when NULL).
+-- cls: what time inside it is: compute (GPU kernel), comm (communication kernel, or a
+--   gloo:* span that does a collective's transfer), memcpy (copy/memset), cpu (CPU event).
+-- is_gpu: a GPU op (on a GPU stream). waitable: a CPU event whose self time can be waiting
+--   on another thread (user annotations, ProfilerStep, *wait* ops).
+-- wake_start: a gap before its start is idle or waiting (its parent is absent or
+--   waitable), so a thread_wake edge may end there.
+CREATE TABLE IF NOT EXISTS cp_nodes (
     job VARCHAR, rank INTEGER, eid BIGINT, track_id INTEGER, name VARCHAR, ts_ns BIGINT,
     end_ns BIGINT, depth INTEGER, parent_eid BIGINT, cls VARCHAR, is_gpu BOOLEAN,
     waitable BOOLEAN, wake_start BOOLEAN);
-DELETE FROM _cp_events WHERE job = $job;
-INSERT INTO _cp_events
+"""
+_EVENTS_SQL = """
+DELETE FROM cp_nodes WHERE job = $job;
+INSERT INTO cp_nodes
 WITH gloo AS (
     SELECT DISTINCT rank, gloo_eid AS eid FROM collectives
     WHERE job = $job AND gloo_eid IS NOT NULL),
@@ -154,13 +171,13 @@ CREATE OR REPLACE TEMP TABLE _cp_chain AS
 WITH pts AS (
     SELECT rank, track_id, is_gpu, eid * 2 AS node, ts_ns AS t,
            ((4096 + depth)::BIGINT << 40) + eid * 2 AS ord, wake_start AS wake
-    FROM _cp_events WHERE job = $job
+    FROM cp_nodes WHERE job = $job
     UNION ALL
     SELECT rank, track_id, is_gpu, eid * 2 + 1, end_ns,
            (CASE WHEN end_ns > ts_ns THEN 2048 - depth ELSE 4096 + depth END)::BIGINT << 40
                | (eid * 2 + 1),
            waitable
-    FROM _cp_events WHERE job = $job)
+    FROM cp_nodes WHERE job = $job)
 SELECT rank, track_id, is_gpu, node, t, wake, lag(node) OVER w AS p_node, lag(t) OVER w AS p_t
 FROM pts WINDOW w AS (PARTITION BY rank, track_id ORDER BY t, ord)
 """
@@ -174,12 +191,12 @@ SELECT $job, rank, p_node // 2, {_PT.format('p_node')}, rank, node // 2, {_PT.fo
 FROM _cp_chain WHERE p_node IS NOT NULL""",
     "launch": """
 SELECT $job, g.rank, g.launch_eid, 'start', g.rank, g.eid, 'start', 'launch', g.ts_ns - l.ts_ns
-FROM _cp_gpu g JOIN _cp_events l ON l.job = $job AND l.rank = g.rank AND l.eid = g.launch_eid
+FROM _cp_gpu g JOIN cp_nodes l ON l.job = $job AND l.rank = g.rank AND l.eid = g.launch_eid
 WHERE g.ts_ns >= l.ts_ns""",
     # a copy call that returned after its copy ended waited for it
     "sync_memcpy": """
 SELECT $job, g.rank, g.eid, 'end', g.rank, c.eid, 'end', 'sync', c.end_ns - g.end_ns
-FROM _cp_gpu g JOIN _cp_events c ON c.job = $job AND c.rank = g.rank AND c.eid = g.launch_eid
+FROM _cp_gpu g JOIN cp_nodes c ON c.job = $job AND c.rank = g.rank AND c.eid = g.launch_eid
 WHERE g.kind IN ('memcpy', 'memset') AND g.end_ns <= c.end_ns
   AND regexp_matches(c.name, '^(cuda|hip|cu)Mem(cpy|set)')""",
     # synchronize calls: the awaited op is the last one to end before the call returned,
@@ -255,18 +272,18 @@ FROM (SELECT * FROM pre UNION ALL SELECT * FROM post) WHERE other AND lag >= 0""
 SELECT $job, c.rank, c.eid, 'start', c.rank, c.gloo_eid, 'start', 'comm_enqueue',
        g.ts_ns - s.ts_ns
 FROM collectives c
-JOIN _cp_events g ON g.job = $job AND g.rank = c.rank AND g.eid = c.gloo_eid
-JOIN _cp_events s ON s.job = $job AND s.rank = c.rank AND s.eid = c.eid
+JOIN cp_nodes g ON g.job = $job AND g.rank = c.rank AND g.eid = c.gloo_eid
+JOIN cp_nodes s ON s.job = $job AND s.rank = c.rank AND s.eid = c.eid
 WHERE c.job = $job AND g.ts_ns >= s.ts_ns""",
-    # one instance = one collective call on every rank; the transfer ends after the last
-    # arrival. Traces whose collectives table has no transfer events (NCCL kernels without
-    # record_param_comms, 2021) match comm kernels by their order on each rank.
+    # one instance = one collective call on every rank (collective_ranks.instance, the one
+    # key of analysis/sql/40_collectives.sql); the transfer ends after the last arrival.
+    # Traces whose collectives table has no transfer events match comm kernels by their
+    # order on each rank.
     "collective": """
 WITH calls AS (
-    SELECT rank, coalesce(pg_name, '') || CASE WHEN seq IS NOT NULL THEN ':seq:' || seq
-           ELSE ':call:' || call_index END AS instance,
-           coalesce(kernel_eid, gloo_eid) AS x_eid
-    FROM collectives WHERE job = $job AND coalesce(kernel_eid, gloo_eid) IS NOT NULL),
+    SELECT rank, instance, coalesce(kernel_eid, gloo_eid) AS x_eid
+    FROM collective_ranks
+    WHERE job = $job AND instance IS NOT NULL AND coalesce(kernel_eid, gloo_eid) IS NOT NULL),
 inst AS (
     SELECT * FROM calls
     UNION ALL
@@ -274,7 +291,7 @@ inst AS (
     FROM _cp_gpu WHERE is_comm AND NOT EXISTS (SELECT 1 FROM calls)),
 x AS (
     SELECT i.rank, i.instance, i.x_eid, n.ts_ns, n.end_ns FROM inst i
-    JOIN _cp_events n ON n.job = $job AND n.rank = i.rank AND n.eid = i.x_eid),
+    JOIN cp_nodes n ON n.job = $job AND n.rank = i.rank AND n.eid = i.x_eid),
 last AS (
     SELECT instance, rank AS l_rank, x_eid AS l_eid, ts_ns AS l_ts FROM x
     QUALIFY row_number() OVER (PARTITION BY instance ORDER BY ts_ns DESC, rank) = 1)
@@ -284,12 +301,24 @@ FROM x JOIN last l USING (instance)
 WHERE x.rank <> l.l_rank AND l.l_ts <= x.end_ns""",
     # a thread that resumed after an idle or waiting gap resumed because of the latest end
     # of an event on another thread of the rank inside that gap (if there was one)
+    "transfer_wake": """
+WITH gaps AS (SELECT * FROM _cp_chain WHERE NOT is_gpu AND node % 2 = 0 AND t > p_t),
+spans AS (
+    SELECT e.rank, e.track_id, e.eid, e.ts_ns, e.end_ns FROM cp_nodes e
+    JOIN collectives c ON c.job = $job AND c.rank = e.rank AND c.gloo_eid = e.eid
+    WHERE e.job = $job)
+SELECT $job, s.rank, s.eid, 'end', g.rank, g.node // 2, 'start', 'transfer_wake',
+       g.t - s.end_ns
+FROM gaps g JOIN spans s ON s.rank = g.rank AND s.track_id <> g.track_id
+ AND s.ts_ns <= g.p_t AND s.end_ns > g.p_t
+ AND s.end_ns <= g.t + greatest(100000, (s.end_ns - s.ts_ns) // 20)
+QUALIFY row_number() OVER (PARTITION BY g.rank, g.node ORDER BY abs(g.t - s.end_ns)) = 1""",
     "thread_wake": f"""
 WITH gaps AS (
     SELECT rank, track_id, node, t, p_t FROM _cp_chain
     WHERE NOT is_gpu AND wake AND (p_t IS NULL OR t > p_t)),
 ends AS (
-    SELECT rank, track_id, eid, end_ns AS t FROM _cp_events WHERE job = $job AND NOT is_gpu)
+    SELECT rank, track_id, eid, end_ns AS t FROM cp_nodes WHERE job = $job AND NOT is_gpu)
 SELECT $job, e.rank, e.eid, 'end', g.rank, g.node // 2, {_PT.format('g.node')},
        'thread_wake', g.t - e.t
 FROM gaps g ASOF JOIN ends e ON e.rank = g.rank AND g.t > e.t
@@ -300,7 +329,7 @@ _HELPERS_SQL = f"""
 CREATE OR REPLACE TEMP TABLE _cp_gpu AS
 SELECT g.rank, g.eid, g.kind, g.device, g.stream, g.ts_ns, g.end_ns, g.launch_eid,
        g.launch_ts_ns, coalesce(g.is_comm, FALSE) AS is_comm
-FROM gpu_ops g JOIN _cp_events n ON n.job = $job AND n.rank = g.rank AND n.eid = g.eid
+FROM gpu_ops g JOIN cp_nodes n ON n.job = $job AND n.rank = g.rank AND n.eid = g.eid
 WHERE g.job = $job;
 CREATE OR REPLACE TEMP TABLE _cp_cuda_sync AS
 SELECT rank, eid, name, correlation, device, stream,
@@ -314,7 +343,7 @@ WHERE job = $job AND kind IN ('cuda_runtime', 'cuda_driver', 'accelerator_runtim
                     OR correlation IN (SELECT correlation FROM _cp_cuda_sync
                                        UNION ALL SELECT rec_corr FROM _cp_cuda_sync));
 CREATE OR REPLACE TEMP TABLE _cp_sync_calls AS
-SELECT r.* FROM _cp_runtime r JOIN _cp_events n ON n.job = $job AND n.rank = r.rank
+SELECT r.* FROM _cp_runtime r JOIN cp_nodes n ON n.job = $job AND n.rank = r.rank
   AND n.eid = r.eid
 WHERE r.name IN ({", ".join(f"'{n}'" for n in SYNC_CALLS)});
 """
@@ -328,12 +357,14 @@ def _run(con: duckdb.DuckDBPyConnection, sql: str, job: str) -> None:
 
 
 def build_edges(con: duckdb.DuckDBPyConnection, job: str) -> None:
-    """(Re)build the dependency graph of ``job`` into the table ``edges`` (see EDGES_DDL).
+    """(Re)build the dependency graph of ``job``: its nodes into the table ``cp_nodes``
+    (NODES_DDL) and its edges into ``edges`` (EDGES_DDL), the graph the critical path walks
+    and the replay schedules.
 
-    ``con`` needs the store's views (``connect_store`` / ``tracetool.connect``). Rows of other
-    jobs already in ``edges`` are kept, so several jobs can share one connection. Also
-    (re)builds the temporary helper ``_cp_events`` (the graph's nodes) the walk reads."""
-    _run(con, EDGES_DDL + _EVENTS_SQL, job)
+    ``con`` needs the analysis views (``tracetool.connect``). Rows of other jobs already in
+    the two tables are kept, so several jobs can share one connection; the helper tables it
+    builds on the way are dropped."""
+    _run(con, EDGES_DDL + NODES_DDL + _EVENTS_SQL, job)
     _run(con, _CHAIN_SQL + ";" + _HELPERS_SQL, job)
     con.execute("DELETE FROM edges WHERE job = $job", {"job": job})
     for sql in _EDGE_SQL.values():
@@ -385,14 +416,14 @@ class Slots:
 
 
 def _load_graph(con: duckdb.DuckDBPyConnection, job: str) -> PathGraph:
-    """The nodes of ``job`` (from _cp_events) and, for each node, its binding predecessor:
+    """The nodes of ``job`` (from cp_nodes) and, for each node, its binding predecessor:
     the edge into it with the smallest lag; ties go to the earlier kind in EDGE_KINDS, then
     to the lower source node, so the choice is deterministic. Two ``np.minimum.at`` passes
     over the edges, no sort."""
     ev = con.execute(
         """SELECT rank, eid, ts_ns, end_ns, track_id, coalesce(parent_eid, -1) AS parent_eid,
                   is_gpu, list_position(?, cls) - 1 AS cls
-           FROM _cp_events WHERE job = ?""", [list(CLASSES), job]).fetchnumpy()
+           FROM cp_nodes WHERE job = ?""", [list(CLASSES), job]).fetchnumpy()
     slot_of = Slots.of(ev["rank"], ev["eid"])
     ranks, sizes, n_slots = slot_of.ranks, slot_of.sizes, slot_of.n
     slot = slot_of(ev["rank"], ev["eid"])
@@ -414,7 +445,8 @@ def _load_graph(con: duckdb.DuckDBPyConnection, job: str) -> PathGraph:
     e = con.execute(
         """SELECT rank_src, src_eid, enum_code(src_point) AS sp, rank_dst, dst_eid,
                   enum_code(dst_point) AS dp, enum_code(kind) AS kind, lag_ns
-           FROM edges WHERE job = ?""", [job]).fetchnumpy()
+           FROM edges WHERE job = ? AND NOT list_contains(?, kind::VARCHAR)""",
+        [job, list(REPLAY_ONLY_KINDS)]).fetchnumpy()
     src = 2 * slot_of(e["rank_src"], e["src_eid"]) + e["sp"]
     dst = 2 * slot_of(e["rank_dst"], e["dst_eid"]) + e["dp"]
     key = e["lag_ns"] * 16 + e["kind"]
@@ -504,47 +536,52 @@ def _segments(g: PathGraph, path: np.ndarray, start: int, end: int) -> dict[str,
 
 
 def _windows(con: duckdb.DuckDBPyConnection, job: str, step: int | None,
-             window: tuple[int, int] | None) -> list[tuple[int | None, int, int]]:
-    """(step, start_ns, end_ns) to compute: the explicit window, the step (over all ranks:
-    earliest start, latest end), every complete step, or the whole job when it has none."""
+             window: tuple[int, int] | None, include_incomplete: bool = False
+             ) -> list[tuple[int | None, int, int]]:
+    """(step, start_ns, end_ns) to compute: the explicit window, the job step (job_steps:
+    the synchronised iteration across ranks), every complete job step (every one with
+    ``include_incomplete``), or the whole job when it has none."""
     if window is not None:
         if step is not None:
             raise ValueError("give a step or a window, not both")
         return [(None, int(window[0]), int(window[1]))]
     rows = con.execute(
-        """SELECT step, min(start_ns), max(end_ns) FROM steps
-           WHERE job = $job AND ($step IS NULL AND complete OR step = $step)
-           GROUP BY step ORDER BY step""", {"job": job, "step": step}).fetchall()
+        """SELECT step, start_ns, end_ns FROM job_steps
+           WHERE job = $job AND ($step IS NULL AND (complete OR $all) OR step = $step)
+           ORDER BY step""", {"job": job, "step": step, "all": include_incomplete}).fetchall()
     if step is not None and not rows:
         raise ValueError(f"job {job!r} has no step {step}")
     if rows:
         return [(s, int(a), int(b)) for s, a, b in rows]
-    lo, hi = con.execute("SELECT min(ts_ns), max(end_ns) FROM _cp_events WHERE job = ?",
+    lo, hi = con.execute("SELECT min(ts_ns), max(end_ns) FROM cp_nodes WHERE job = ?",
                          [job]).fetchone()
     if lo is None:
         raise ValueError(f"job {job!r} has no events on CPU threads or GPU streams")
     return [(None, int(lo), int(hi))]
 
 
-def _has_graph(con: duckdb.DuckDBPyConnection, job: str) -> bool:
+def has_graph(con: duckdb.DuckDBPyConnection, job: str) -> bool:
+    """Whether ``con`` holds ``job``'s graph (cp_nodes and edges, from build_edges)."""
     try:
-        return con.execute("SELECT count(*) > 0 FROM _cp_events WHERE job = ?",
+        return con.execute("SELECT count(*) > 0 FROM cp_nodes WHERE job = ?",
                            [job]).fetchone()[0]
     except duckdb.CatalogException:
         return False
 
 
 def critical_path(con: duckdb.DuckDBPyConnection, job: str, step: int | None = None, *,
-                  window: tuple[int, int] | None = None) -> duckdb.DuckDBPyRelation:
-    """The critical path of ``job``'s step ``step`` (every complete step when None; the whole
-    job when it has no ProfilerStep), or of an explicit ``window=(start_ns, end_ns)``.
+                  window: tuple[int, int] | None = None, include_incomplete: bool = False
+                  ) -> duckdb.DuckDBPyRelation:
+    """The critical path of ``job``'s step ``step`` (a job_steps row; every complete one when
+    None, every one with ``include_incomplete``; the whole job when it has no ProfilerStep),
+    or of an explicit ``window=(start_ns, end_ns)``.
 
     Builds the edges first if this connection has none for the job. The segments are stored
     in the table ``critical_path`` (see CRITICAL_PATH_DDL; earlier rows of the same job and
     steps are replaced) and returned as a relation ordered by step and seq."""
-    if not _has_graph(con, job):
+    if not has_graph(con, job):
         build_edges(con, job)
-    wins = _windows(con, job, step, window)
+    wins = _windows(con, job, step, window, include_incomplete)
     walker = PathWalker(_load_graph(con, job))
     g = walker.g
     parts = []
@@ -577,7 +614,7 @@ def critical_path(con: duckdb.DuckDBPyConnection, job: str, step: int | None = N
             SELECT $job, s.step, s.seq, s.rank, s.track_id, tr.track_kind, s.eid, a.name,
                    s.kind, s.edge_kind, s.start_ns, s.end_ns, s.end_ns - s.start_ns
             FROM _cp_seg s
-            LEFT JOIN _cp_events a ON a.job = $job AND a.rank = s.rank AND a.eid = s.eid
+            LEFT JOIN cp_nodes a ON a.job = $job AND a.rank = s.rank AND a.eid = s.eid
             LEFT JOIN tracks tr ON tr.job = $job AND tr.rank = s.rank
                                AND tr.track_id = s.track_id""", {"job": job})
     finally:

@@ -6,9 +6,11 @@ Two views of the difference:
   count, total time and mean of each job (summed over all its ranks and its whole trace), the
   absolute and relative deltas, sorted by the absolute change of total time, so the first rows
   are what moved the most. A name on one side only is 'added' or 'removed'.
-- three per-step metrics for regression gates (``--fail-if``): medians over the (rank, step)
-  pairs of complete ProfilerSteps. Per step, because two runs rarely profile the same number
-  of steps or ranks; median, because one slow warm-up step should not trip a gate.
+- three per-step metrics for regression gates (``--fail-if``): the median job step
+  (job_steps, the iteration across ranks, as report and replay print it) and medians over
+  the (rank, step) pairs of complete steps. Per step, because two runs rarely profile the
+  same number of steps or ranks; median, because one slow warm-up step should not trip a
+  gate. Incomplete steps (docs/steps.md) are left out.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import duckdb
 from tracetool.analysis.report import rows, text_table
 
 METRICS = {
-    "step_time": "median step duration (steps.dur_ns)",
+    "step_time": "median job step duration (job_steps.dur_ns: the iteration across ranks)",
     "kernel_time": "median over ranks and steps of the summed durations of the compute "
                    "kernels launched in the step (communication kernels excluded)",
     "comm_time": "median over ranks and steps of the time with communication running "
@@ -79,19 +81,24 @@ class Threshold:
 
 
 def job_metrics(con: duckdb.DuckDBPyConnection, job: str) -> dict[str, Any]:
-    """The gate metrics of one job (None when it has no complete ProfilerStep), and how many
-    (rank, step) pairs they are medians over."""
-    return rows(con, """
+    """The gate metrics of one job (None when it has no complete ProfilerStep), how many
+    (rank, step) pairs the per-rank ones are medians over, and the complete job steps."""
+    out = rows(con, """
         WITH st AS (SELECT rank, step, dur_ns FROM steps WHERE job = $job AND complete),
         k AS (SELECT rank, step, sum(dur_ns) AS ns FROM kernels
               WHERE job = $job AND category <> 'comm' AND step IS NOT NULL
               GROUP BY rank, step),
         b AS (SELECT rank, step, comm_ns FROM step_breakdown WHERE job = $job)
-        SELECT count(*) AS rank_steps, median(st.dur_ns) AS step_time_ns,
+        SELECT count(*) AS rank_steps,
+               (SELECT median(dur_ns) FROM job_steps WHERE job = $job AND complete)
+                   AS step_time_ns,
                median(coalesce(k.ns, 0)) AS kernel_time_ns,
                median(coalesce(b.comm_ns, 0)) AS comm_time_ns
         FROM st LEFT JOIN k USING (rank, step) LEFT JOIN b USING (rank, step)""",
-                {"job": job})[0]
+               {"job": job})[0]
+    out["job_steps"] = rows(con, """SELECT step, dur_ns FROM job_steps
+                                    WHERE job = ? AND complete ORDER BY step""", [job])
+    return out
 
 
 def totals_by_name(con: duckdb.DuckDBPyConnection, job: str, what: str

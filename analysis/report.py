@@ -19,6 +19,7 @@ from typing import Any
 import duckdb
 
 from tracetool.analysis.connect import connect
+from tracetool.numbers import round_ns
 
 TOP = 15  # rows of the top kernels / ops tables and chart
 NAME_WIDTH = 80  # long C++ kernel names are cut to this in tables (never in JSON)
@@ -83,15 +84,17 @@ def rows(con: duckdb.DuckDBPyConnection, sql: str,
         d = dict(zip(cols, r, strict=True))
         for k, v in d.items():
             if k.endswith("_ns") and isinstance(v, float):
-                d[k] = round(v)
+                d[k] = round_ns(v)
         out.append(d)
     return out
 
 
 # ---------------------------------------------------------------------------------- the data
 
-def summarize(con: duckdb.DuckDBPyConnection, job: str) -> dict[str, Any]:
-    """What the report shows, as plain JSON-ready data (times in ns)."""
+def summarize(con: duckdb.DuckDBPyConnection, job: str, include_incomplete: bool = False
+              ) -> dict[str, Any]:
+    """What the report shows, as plain JSON-ready data (times in ns). Incomplete steps
+    (docs/steps.md) are left out of the statistics unless ``include_incomplete``."""
     files = rows(con, """
         SELECT rank, backend, world_size, device_names FROM trace_files
         WHERE job = ? ORDER BY rank""", [job])
@@ -103,39 +106,54 @@ def summarize(con: duckdb.DuckDBPyConnection, job: str) -> dict[str, Any]:
         "backend": next((f["backend"] for f in files if f["backend"]), None),
         "world_size": next((f["world_size"] for f in files if f["world_size"]), None),
         "devices": sorted({d for f in files for d in (f["device_names"] or [])}),
-        "steps": step_stats(con, job),
-        "breakdown": breakdown(con, job),
+        "job_steps": job_steps(con, job, include_incomplete),
+        "steps": step_stats(con, job, include_incomplete),
+        "incomplete_steps": [] if include_incomplete else incomplete_steps(con, job),
+        "breakdown": breakdown(con, job, include_incomplete),
         "top": top_kernels(con, job) if has_kernels else top_cpu_ops(con, job),
         "collectives": collectives(con, job),
     }
 
 
-def step_stats(con: duckdb.DuckDBPyConnection, job: str) -> list[dict[str, Any]]:
-    """Per rank: complete ProfilerSteps and their durations (an open step's end is only
-    where the trace stopped, so it is left out)."""
+def job_steps(con: duckdb.DuckDBPyConnection, job: str, all_steps: bool = False
+              ) -> list[dict[str, Any]]:
+    """The complete job steps (job_steps: the iteration across ranks; what replay measures),
+    every one with ``all_steps``."""
+    return rows(con, """
+        SELECT step, n_ranks, dur_ns, mean_rank_dur_ns, complete FROM job_steps
+        WHERE job = $job AND (complete OR $all) ORDER BY step""",
+                {"job": job, "all": all_steps})
+
+
+def step_stats(con: duckdb.DuckDBPyConnection, job: str, all_steps: bool = False
+               ) -> list[dict[str, Any]]:
+    """Per rank: its complete steps (steps: tiles of its timeline) and their durations."""
     return rows(con, """
         SELECT rank, count(*) AS n_steps, median(dur_ns) AS median_ns, avg(dur_ns) AS mean_ns,
                min(dur_ns) AS min_ns, max(dur_ns) AS max_ns
-        FROM steps WHERE job = ? AND complete GROUP BY rank ORDER BY rank""", [job])
+        FROM steps WHERE job = $job AND (complete OR $all) GROUP BY rank ORDER BY rank""",
+                {"job": job, "all": all_steps})
 
 
-def breakdown(con: duckdb.DuckDBPyConnection, job: str) -> list[dict[str, Any]]:
-    """Per rank, the mean over complete steps of step_breakdown.
-
-    ``exposed_memcpy_ns`` is copy time not hidden behind compute or communication (busy time
-    minus the compute/comm union), so compute + exposed comm + exposed memcpy + idle add up to
-    the step: the stacked bars then read as where the step went."""
+def incomplete_steps(con: duckdb.DuckDBPyConnection, job: str) -> list[dict[str, Any]]:
+    """The job steps left out of every statistic, and why (job_steps.incomplete_reason)."""
     return rows(con, """
-        SELECT b.rank, count(*) AS n_steps, avg(b.dur_ns) AS dur_ns,
-               avg(b.compute_ns) AS compute_ns, avg(b.comm_ns) AS comm_ns,
-               avg(b.overlap_ns) AS overlap_ns, avg(b.exposed_comm_ns) AS exposed_comm_ns,
-               avg(b.memcpy_ns) AS memcpy_ns,
-               avg(b.dur_ns - b.idle_ns - b.compute_ns - b.exposed_comm_ns)
-                   AS exposed_memcpy_ns,
-               avg(b.idle_ns) AS idle_ns, avg(b.cpu_bound_ns) AS cpu_bound_ns
-        FROM step_breakdown b JOIN steps s
-          ON s.job = b.job AND s.rank = b.rank AND s.step = b.step
-        WHERE b.job = ? AND s.complete GROUP BY b.rank ORDER BY b.rank""", [job])
+        SELECT step, n_ranks, dur_ns, incomplete_reason FROM job_steps
+        WHERE job = ? AND NOT complete ORDER BY step""", [job])
+
+
+def breakdown(con: duckdb.DuckDBPyConnection, job: str, all_steps: bool = False
+              ) -> list[dict[str, Any]]:
+    """Per rank, the mean over its complete steps of step_breakdown: compute + exposed comm
+    + exposed memcpy + idle add up to the step, so the stacked bars read as where it went."""
+    return rows(con, """
+        SELECT rank, count(*) AS n_steps, avg(dur_ns) AS dur_ns,
+               avg(compute_ns) AS compute_ns, avg(comm_ns) AS comm_ns,
+               avg(overlap_ns) AS overlap_ns, avg(exposed_comm_ns) AS exposed_comm_ns,
+               avg(memcpy_ns) AS memcpy_ns, avg(exposed_memcpy_ns) AS exposed_memcpy_ns,
+               avg(idle_ns) AS idle_ns, avg(cpu_bound_ns) AS cpu_bound_ns
+        FROM step_breakdown WHERE job = $job AND (complete OR $all)
+        GROUP BY rank ORDER BY rank""", {"job": job, "all": all_steps})
 
 
 def top_kernels(con: duckdb.DuckDBPyConnection, job: str, n: int = TOP) -> dict[str, Any]:
@@ -181,7 +199,8 @@ def collectives(con: duckdb.DuckDBPyConnection, job: str) -> dict[str, Any]:
             "by_rank": by_rank}
 
 
-def critical_path_segments(con: duckdb.DuckDBPyConnection, job: str
+def critical_path_segments(con: duckdb.DuckDBPyConnection, job: str,
+                           include_incomplete: bool = False
                            ) -> tuple[list[dict[str, Any]], str | None]:
     """(segments, None) from ``tracetool.analysis.critical_path``, or ([], why not).
 
@@ -192,7 +211,7 @@ def critical_path_segments(con: duckdb.DuckDBPyConnection, job: str
     except Exception as err:  # ImportError, or a module that breaks while importing
         return [], f"tracetool.analysis.critical_path is not available ({first_line(err)})"
     try:
-        segs = _records(cp.critical_path(con, job))
+        segs = _records(cp.critical_path(con, job, include_incomplete=include_incomplete))
     except Exception as err:  # its failure on this store must not fail the report
         return [], f"critical_path() failed on this store: {type(err).__name__}: " \
                    f"{first_line(err)}"
@@ -397,7 +416,7 @@ class Report:
 
 
 def make_report(con: duckdb.DuckDBPyConnection, job: str, out_dir: Path | str,
-                store: Path | str | None = None) -> Report:
+                store: Path | str | None = None, include_incomplete: bool = False) -> Report:
     """Summarise ``job``, draw its charts and write ``report.md`` and ``report.html`` into
     ``out_dir`` (created). Charts left there by an earlier report are removed first, so the
     directory never shows a chart this report did not draw."""
@@ -405,8 +424,8 @@ def make_report(con: duckdb.DuckDBPyConnection, job: str, out_dir: Path | str,
     out.mkdir(parents=True, exist_ok=True)
     for name in CHART_FILES:
         (out / name).unlink(missing_ok=True)
-    summary = summarize(con, job)
-    segs, why_not = critical_path_segments(con, job)
+    summary = summarize(con, job, include_incomplete)
+    segs, why_not = critical_path_segments(con, job, include_incomplete)
     summary["critical_path"] = ({"available": True, "reason": None, **summarize_path(segs)}
                                 if segs else {"available": False, "reason": why_not})
     charts: dict[str, str] = {}  # chart -> file name in out
@@ -451,6 +470,16 @@ def _sections(s: dict[str, Any], charts: dict[str, str], store: Path | str | Non
     out = [Section("Job", job_lines)]
 
     steps = Section("Steps (complete ProfilerSteps, ms)")
+    if s["job_steps"]:
+        steps.lines.append("Job steps (the iteration across ranks, as replay measures it):")
+        steps.tables.append((["step", "ranks", "job step", "mean rank step"], [
+            [str(r["step"]), str(r["n_ranks"]), _ms(r["dur_ns"]), _ms(r["mean_rank_dur_ns"])]
+            for r in s["job_steps"]]))
+        steps.lines.append("Per rank (each rank's steps tile its timeline; docs/steps.md):")
+    for r in s["incomplete_steps"]:
+        steps.lines.append(f"Left out: step {r['step']} ({r['incomplete_reason']}, "
+                           f"{_ms(r['dur_ns'])} ms on {r['n_ranks']} ranks); "
+                           "include it with --include-incomplete.")
     if s["steps"]:
         steps.tables.append((["rank", "steps", "median", "mean", "min", "max"], [
             [str(r["rank"]), str(r["n_steps"]), _ms(r["median_ns"]), _ms(r["mean_ns"]),

@@ -100,7 +100,7 @@ def run_once(store: Path) -> dict:
     out = {"edges_s": t1 - t0, "path_s": t2 - t1, "total_s": t2 - t0, "segments": n_segments}
     out["events"], out["node_events"], out["edges"], out["steps"] = con.execute(
         """SELECT (SELECT count(*) FROM events WHERE job = 'bench'),
-                  (SELECT count(*) FROM _cp_events WHERE job = 'bench'),
+                  (SELECT count(*) FROM cp_nodes WHERE job = 'bench'),
                   (SELECT count(*) FROM edges WHERE job = 'bench'),
                   (SELECT count(DISTINCT step) FROM critical_path WHERE job = 'bench')"""
     ).fetchone()

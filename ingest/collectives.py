@@ -107,11 +107,12 @@ def _rows(con: duckdb.DuckDBPyConnection, sql: str) -> list[dict]:
 
 
 def build(con: duckdb.DuckDBPyConnection, out: Path, pg_ranks: dict[str, list[int]]) -> pa.Table:
-    ev, g, st = (f"read_parquet('{out / t / '*.parquet'}')" for t in ("events", "gpu_ops", "steps"))
-    steps = _rows(con, f"SELECT step, start_ns, coalesce(cpu_end_ns, 9223372036854775807) "
-                       f"AS cpu_end_ns FROM {st} ORDER BY start_ns")
+    ev, g, st = (f"read_parquet('{out / t / '*.parquet'}')"
+                 for t in ("events", "gpu_ops", "profiler_steps"))
+    steps = _rows(con, f"SELECT step, cpu_start_ns, coalesce(cpu_end_ns, 9223372036854775807) "
+                       f"AS cpu_end_ns FROM {st} ORDER BY cpu_start_ns")
 
-    starts = [s["start_ns"] for s in steps]
+    starts = [s["cpu_start_ns"] for s in steps]
 
     def step_of(ts: int) -> int | None:
         i = bisect.bisect_right(starts, ts) - 1

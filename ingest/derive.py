@@ -441,19 +441,35 @@ def derive_gpu_ops(con: duckdb.DuckDBPyConnection, out: Path) -> None:
 
 
 def derive_steps(con: duckdb.DuckDBPyConnection, out: Path) -> None:
+    """profiler_steps: the facts of each ProfilerStep#N annotation the analysis ``steps``
+    view tiles the timeline from (docs/steps.md). The GPU-side start is the first GPU op at or
+    after the step's GPU annotation (gpu_user_annotation ProfilerStep#N) on its device where
+    the trace has one, else the earliest op launched inside the step."""
     g = f"read_parquet('{out / 'gpu_ops' / '*.parquet'}')"
     copy_table(con, f"""
         WITH gs AS (SELECT step, min(ts_ns) AS gpu_start_ns, max(end_ns) AS gpu_end_ns,
-                           count(*) AS n_gpu_ops
-                    FROM {g} WHERE step IS NOT NULL GROUP BY step)
+                           arg_min(eid, (ts_ns, eid)) AS first_eid, count(*) AS n_gpu_ops
+                    FROM {g} WHERE step IS NOT NULL GROUP BY step),
+        ann AS (SELECT {STEP_NUMBER} AS step, min(ts_ns) AS ann_ns,
+                       arg_min(coalesce(device, pid), ts_ns) AS device
+                FROM {events_glob(out)}
+                WHERE kind = 'gpu_user_annotation' AND name LIKE 'ProfilerStep#%'
+                GROUP BY ALL HAVING step IS NOT NULL),
+        ops AS (SELECT device, ts_ns, eid FROM {g}),
+        first_after AS (
+            SELECT a.step, a.ann_ns, o.eid, o.ts_ns FROM ann a
+            ASOF LEFT JOIN ops o ON o.device = a.device AND o.ts_ns >= a.ann_ns)
         SELECT s.step, s.eid, s.tid, s.start_ns AS cpu_start_ns, s.end_ns AS cpu_end_ns,
-               gs.gpu_start_ns, gs.gpu_end_ns, s.start_ns,
-               greatest(s.end_ns, coalesce(gs.gpu_end_ns, s.end_ns)) AS end_ns,
-               greatest(s.end_ns, coalesce(gs.gpu_end_ns, s.end_ns)) - s.start_ns AS dur_ns,
-               coalesce(gs.n_gpu_ops, 0) AS n_gpu_ops,
                NOT (s.dur_ns IS NULL OR s.args LIKE '%"finished": false%'
-                    OR s.args LIKE '%"finished":false%') AS complete
-        FROM cpu_steps s LEFT JOIN gs USING (step)""", out, "steps")
+                    OR s.args LIKE '%"finished":false%') AS finished,
+               gs.gpu_start_ns, gs.gpu_end_ns, coalesce(gs.n_gpu_ops, 0) AS n_gpu_ops,
+               f.ann_ns AS gpu_annotation_ns,
+               CASE WHEN f.eid IS NOT NULL THEN f.eid ELSE gs.first_eid END AS gpu_first_eid,
+               CASE WHEN f.eid IS NOT NULL THEN f.ts_ns ELSE gs.gpu_start_ns END
+                   AS gpu_first_ns
+        FROM cpu_steps s LEFT JOIN gs USING (step) LEFT JOIN first_after f USING (step)
+        QUALIFY row_number() OVER (PARTITION BY s.step ORDER BY s.start_ns, s.eid) = 1
+        """, out, "profiler_steps")
 
 
 def derive_collectives(

@@ -10,6 +10,11 @@ kernel's measured efficiency: ``t_target = t_measured * model(target) / model(so
 projecting onto the source GPU returns the measured time exactly. Without shapes, kernels
 scale by their class: compute-bound classes (gemm, conv, attention) by the peak-TFLOPS ratio
 of their dtype, the rest by the HBM-bandwidth ratio; communication is the network model's.
+
+The categories a GPU op can have (``CATEGORIES``) are the one list ``--speedup`` accepts: the
+kernel classes of the ``kernels`` view (``analysis/sql/10_ops.sql``; a test checks the two
+agree) and, for the other GPU ops, their kind (the replay graph's
+``coalesce(kernels.category, gpu_ops.kind)``).
 """
 
 from __future__ import annotations
@@ -22,6 +27,12 @@ from tracetool.dtypes import ELEM_BYTES
 
 from .hardware import Gpu
 
+# the values of kernels.category (analysis/sql/10_ops.sql)
+KERNEL_CATEGORIES = ("gemm", "conv", "attention", "norm", "reduction", "elementwise", "comm",
+                     "other")
+# gpu_ops.kind of the GPU ops that are not kernels: their category in the replay graph
+NON_KERNEL_KINDS = ("memcpy", "memset")
+CATEGORIES = KERNEL_CATEGORIES + NON_KERNEL_KINDS
 COMPUTE_BOUND = ("gemm", "conv", "attention")
 DTYPE_OF = {"float": "fp32", "float32": "fp32", "double": "fp32", "half": "fp16",
             "c10::half": "fp16", "float16": "fp16", "bfloat16": "bf16",
@@ -101,6 +112,12 @@ def project_ns(measured_ns: float, category: str, source: Gpu, target: Gpu,
     return measured_ns * source.hbm_gbps / target.hbm_gbps
 
 
+class WhatIfError(ValueError):
+    """A what-if input that names nothing, or would change nothing: a ``--speedup`` whose
+    category is unknown or has no GPU op in the job, a pattern matching no GPU op, a GPU not
+    in the catalog (the CLI exits 2, a usage error)."""
+
+
 @dataclass(frozen=True)
 class Speedup:
     """A user override: 'gemm=1.5' (a kernel category) or 'name~flash=2' (name pattern)."""
@@ -108,6 +125,13 @@ class Speedup:
     category: str | None
     pattern: re.Pattern | None
     factor: float
+    text: str = ""  # as given, for messages
+
+    def __str__(self) -> str:
+        if self.text:
+            return self.text
+        key = f"name~{self.pattern.pattern}" if self.pattern is not None else self.category
+        return f"{key}={self.factor:g}"
 
     def applies(self, category: str, name: str) -> bool:
         if self.pattern is not None:
@@ -116,21 +140,28 @@ class Speedup:
 
 
 def parse_speedup(text: str) -> Speedup:
-    key, sep, value = text.partition("=")
+    """``CATEGORY=F`` (one of ``CATEGORIES``, case-insensitive: ``GEMM`` is ``gemm``) or
+    ``name~REGEX=F`` (searched in GPU op names, case-insensitive); F > 0. Raises
+    ``WhatIfError`` on anything else, an unknown category included."""
+    key, sep, value = text.rpartition("=")
     try:
         factor = float(value)
     except ValueError:
         factor = -1.0
-    if not sep or factor <= 0:
-        raise ValueError(f"bad speedup {text!r}: use CATEGORY=FACTOR or name~REGEX=FACTOR "
-                         "with FACTOR > 0 (e.g. gemm=1.5, name~flash=2)")
+    if not sep or factor <= 0 or not math.isfinite(factor):
+        raise WhatIfError(f"bad speedup {text!r}: use CATEGORY=FACTOR or name~REGEX=FACTOR "
+                          "with FACTOR > 0 (e.g. gemm=1.5, name~flash=2)")
     key = key.strip()
     if key.startswith("name~"):
         try:
-            return Speedup(None, re.compile(key[5:], re.IGNORECASE), factor)
+            return Speedup(None, re.compile(key[5:], re.IGNORECASE), factor, text)
         except re.error as err:
-            raise ValueError(f"bad speedup {text!r}: {err}") from None
-    return Speedup(key, None, factor)
+            raise WhatIfError(f"bad speedup {text!r}: {err}") from None
+    category = key.lower()
+    if category not in CATEGORIES:
+        raise WhatIfError(f"bad speedup {text!r}: unknown category {key!r}; known: "
+                          f"{', '.join(CATEGORIES)} (or name~REGEX=FACTOR)")
+    return Speedup(category, None, factor, text)
 
 
 def apply_speedups(ns: float, category: str, name: str, speedups: list[Speedup]) -> float:

@@ -36,12 +36,11 @@ import duckdb
 import numpy as np
 
 from tracetool.analysis.critical_path import (
-    _CHAIN_SQL,
     CLASSES,
     KIND_NAMES,
     Slots,
-    _has_graph,
     build_edges,
+    has_graph,
 )
 
 # roles of an edge in the replay: what a scenario may change about it
@@ -49,7 +48,6 @@ FIXED, OP_DURATION, COMM_DURATION, TRANSFER, ARRIVAL = range(5)
 _COLLECTIVE = KIND_NAMES.index("collective")
 _CPU_ORDER = KIND_NAMES.index("cpu_order")
 _GPU_ORDER = KIND_NAMES.index("gpu_order")
-_THREAD_WAKE = KIND_NAMES.index("thread_wake")
 NO_STEP = -1  # ReplayGraph.steps of a job without ProfilerStep: one window, the whole trace
 
 
@@ -78,16 +76,20 @@ class ReplayGraph:
     cls: np.ndarray  # index into CLASSES (compute, comm, memcpy, cpu); barriers: comm
     parent: np.ndarray
     is_gpu: np.ndarray
-    is_op: np.ndarray  # a cpu_op (the CPU compute of CPU-only ranks' breakdown)
     n_event_slots: int  # slots below this are events; the rest are barriers
     # GPU ops (duration edges)
     ops: dict  # rank, eid, slot, kind, name, category, op_name, dims, types, dur
     # collective instances
     insts: dict  # instance, collective, bytes, group_ranks (list), pg_desc, transfer_ns
-    # steps: one entry per (rank, complete step)
-    steps: np.ndarray  # step numbers, sorted unique ([NO_STEP] without ProfilerStep)
-    step_start_nodes: tuple[np.ndarray, np.ndarray]  # (step index, node) of ProfilerStep starts
-    step_end_nodes: tuple[np.ndarray, np.ndarray]  # (step index, node): PS ends + GPU op ends
+    # steps (tracetool.replay.run.step_windows tiles them as the steps/job_steps views do)
+    steps: np.ndarray  # job step numbers, sorted ([NO_STEP] without ProfilerStep)
+    step_complete: np.ndarray  # bool per job step (job_steps.complete)
+    # per (rank, step) row in (rank, step) order: rank, step_idx (into steps), start_node
+    # (node whose time starts the step, -1 when none), start_fixed (measured start when
+    # there is no such node, else NaN); end_row/end_node: for each rank's last step, the
+    # nodes whose latest time ends it
+    rank_steps: dict
+    breakdown: dict  # slot, what (CLASSES index): breakdown_events of the GPU/CPU work
     ranks: np.ndarray  # ranks of the job
     devices: list[str]  # deviceProperties names of the job
 
@@ -103,7 +105,7 @@ class ReplayGraph:
 _NODES_SQL = """
 SELECT rank, eid, ts_ns, end_ns, track_id, coalesce(parent_eid, -1) AS parent_eid, is_gpu,
        list_position(?, cls) - 1 AS cls
-FROM _cp_events WHERE job = ?"""
+FROM cp_nodes WHERE job = ?"""
 
 _EDGES_SQL = """
 SELECT rank_src, src_eid, enum_code(src_point) AS sp, rank_dst, dst_eid,
@@ -114,57 +116,37 @@ _OPS_SQL = """
 SELECT g.rank, g.eid, g.kind, g.name, coalesce(k.category, g.kind) AS category,
        coalesce(g.is_comm, FALSE) AS is_comm, g.op_name,
        o.args->>'Input Dims' AS dims, o.args->>'Input type' AS types
-FROM gpu_ops g JOIN _cp_events n ON n.job = g.job AND n.rank = g.rank AND n.eid = g.eid
+FROM gpu_ops g JOIN cp_nodes n ON n.job = g.job AND n.rank = g.rank AND n.eid = g.eid
 LEFT JOIN kernels k ON k.job = g.job AND k.rank = g.rank AND k.eid = g.eid
 LEFT JOIN events o ON o.job = g.job AND o.rank = g.rank AND o.eid = g.op_eid
 WHERE g.job = ?"""
 
-# one instance = one collective call on every rank of its group (matched as the critical
-# path matches them: process group and sequence number, else call order)
+# one instance = one collective call on every rank of its group: collective_ranks.instance,
+# the key the critical path and collective_instances use (analysis/sql/40_collectives.sql);
+# calls it could not match (instance NULL) are no barrier
 _INSTANCES_SQL = """
-SELECT c.rank, coalesce(c.pg_name, '') || CASE WHEN c.seq IS NOT NULL THEN ':seq:' || c.seq
-       ELSE ':call:' || c.call_index END AS instance,
-       coalesce(c.kernel_eid, c.gloo_eid) AS x_eid, c.collective, c.pg_desc, c.group_size,
+SELECT c.rank, c.instance, coalesce(c.kernel_eid, c.gloo_eid) AS x_eid, c.collective,
+       c.pg_desc, c.group_size,
        CASE WHEN coalesce(c.group_ranks_truncated, FALSE) THEN NULL ELSE c.group_ranks END
            AS group_ranks,
        CASE WHEN lower(c.collective) LIKE '%allgather%' OR lower(c.collective) LIKE '%all_gather%'
             THEN coalesce(c.out_bytes, c.in_bytes * c.group_size)
             ELSE coalesce(c.in_bytes, c.out_bytes) END AS bytes
-FROM collectives c JOIN _cp_events n ON n.job = c.job AND n.rank = c.rank
+FROM collective_ranks c JOIN cp_nodes n ON n.job = c.job AND n.rank = c.rank
  AND n.eid = coalesce(c.kernel_eid, c.gloo_eid)
-WHERE c.job = ?"""
-
-
-# A thread that went idle while a CPU-side transfer (a gloo span on a gloo thread) was in
-# flight, and resumed around its end, was waiting for it (DDP's finalize waits on the bucket
-# futures; the wait itself is not recorded). The future completes a little before the span's
-# recorded end, so the resume may precede it (a negative lag, kept as measured). Tolerance:
-# 5% of the span, at least 100 us. The critical path's thread_wake edges need the waker to
-# end inside the gap, which these do not.
-_GLOO_WAKE_SQL = """
-WITH gaps AS (SELECT * FROM _cp_chain WHERE NOT is_gpu AND node % 2 = 0 AND t > p_t),
-spans AS (
-    SELECT e.rank, e.track_id, e.eid, e.ts_ns, e.end_ns FROM _cp_events e
-    JOIN collectives c ON c.job = $job AND c.rank = e.rank AND c.gloo_eid = e.eid
-    WHERE e.job = $job)
-SELECT s.rank, s.eid, g.node, g.t - s.end_ns AS lag
-FROM gaps g JOIN spans s ON s.rank = g.rank AND s.track_id <> g.track_id
- AND s.ts_ns <= g.p_t AND s.end_ns > g.p_t
- AND s.end_ns <= g.t + greatest(100000, (s.end_ns - s.ts_ns) // 20)
-QUALIFY row_number() OVER (PARTITION BY g.rank, g.node ORDER BY abs(g.t - s.end_ns)) = 1
-"""
+WHERE c.job = ? AND c.instance IS NOT NULL"""
 
 
 def build_graph(con: duckdb.DuckDBPyConnection, job: str) -> ReplayGraph:
     """The replay graph of ``job`` (``con`` from ``tracetool.connect``). Builds the critical
     path's ``edges`` first when this connection has none for the job."""
-    if not _has_graph(con, job):
+    if not has_graph(con, job):
         build_edges(con, job)
     ev = con.execute(_NODES_SQL, [list(CLASSES), job]).fetchnumpy()
     if len(ev["eid"]) == 0:
         raise ValueError(f"job {job!r} has no events on CPU threads or GPU streams")
     slot_of = Slots.of(ev["rank"], ev["eid"])
-    ranks, sizes, base, n_ev_slots = slot_of.ranks, slot_of.sizes, slot_of.base, slot_of.n
+    ranks, sizes, n_ev_slots = slot_of.ranks, slot_of.sizes, slot_of.n
     slot = slot_of(ev["rank"], ev["eid"])
     origin = int(min(ev["ts_ns"].min(), ev["end_ns"].min()))
 
@@ -212,16 +194,6 @@ def build_graph(con: duckdb.DuckDBPyConnection, job: str) -> ReplayGraph:
     op_parts = [np.full(int(keep.sum()), -1, dtype=np.int64)]
     inst_parts = [np.full(int(keep.sum()), -1, dtype=np.int64)]
 
-    con.execute(_CHAIN_SQL, {"job": job})  # each track's points in order (critical path's)
-    wake = con.execute(_GLOO_WAKE_SQL, {"job": job}).fetchnumpy()
-    con.execute("DROP TABLE IF EXISTS _cp_chain")
-    n_wake = len(wake["node"])
-    src_parts.append(2 * slot_of(wake["rank"], wake["eid"]) + 1)
-    dst_parts.append(base[np.searchsorted(ranks, wake["rank"])] * 2 + wake["node"])
-    kind_parts.append(np.full(n_wake, _THREAD_WAKE, dtype=np.int8))
-    role_parts.append(np.full(n_wake, FIXED, dtype=np.int8))
-    op_parts.append(np.full(n_wake, -1, dtype=np.int64))
-    inst_parts.append(np.full(n_wake, -1, dtype=np.int64))
     # duration edges: compute/memcpy ops scale with the GPU model; transfers with the network
     is_x = x_inst[op_slot] >= 0
     n_ops = len(op_slot)
@@ -299,35 +271,56 @@ def build_graph(con: duckdb.DuckDBPyConnection, job: str) -> ReplayGraph:
     cls = per_slot(ev["cls"], CLASSES.index("cpu"), np.int8)
     cls[n_ev_slots:] = CLASSES.index("comm")
 
-    cpu_ops = con.execute("SELECT rank, eid FROM events WHERE job = ? AND kind = 'cpu_op'",
-                          [job]).fetchnumpy()
-    is_op = np.zeros(n_slots, dtype=bool)
-    is_op[slot_of(cpu_ops["rank"], cpu_ops["eid"])] = True
-    is_op &= is_node
-
-    # -- steps: ProfilerStep starts, and the ends of the step's annotation and GPU ops
+    # -- steps (the analysis views' definition, docs/steps.md): per rank, the event whose
+    # start begins each step (steps.start_eid) and, for the rank's last step, the points
+    # whose latest time ends it (its annotation and the GPU ops launched in it)
     st = con.execute(
-        """SELECT rank, step, eid FROM steps WHERE job = ? AND complete ORDER BY step, rank""",
-        [job]).fetchnumpy()
-    steps = np.unique(st["step"]).astype(np.int64)
-    st_idx = np.searchsorted(steps, st["step"])
-    st_slot = slot_of(st["rank"], st["eid"])
-    ok = is_node[st_slot]
+        """SELECT rank, step, start_eid, eid, step = max(step) OVER (PARTITION BY rank) AS last
+           FROM steps WHERE job = ? ORDER BY rank, step""", [job]).fetchnumpy()
+    js = con.execute("SELECT step, complete FROM job_steps WHERE job = ? ORDER BY step",
+                     [job]).fetchnumpy()
+    steps = np.asarray(js["step"], dtype=np.int64)
+    start_slot = slot_of(st["rank"], st["start_eid"])
+    ps_slot = slot_of(st["rank"], st["eid"])
+    start_ok = is_node[start_slot]
+    start_node = np.where(start_ok, 2 * start_slot, -1)
+    fixed = np.full(len(start_slot), np.nan)  # a start that is no graph point keeps its time
+    if not start_ok.all():
+        m = con.execute(
+            "SELECT start_ns FROM steps WHERE job = ? ORDER BY rank, step", [job]).fetchnumpy()
+        fixed[~start_ok] = m["start_ns"][~start_ok] - origin
+    last = np.flatnonzero(st["last"])
     step_ops = con.execute(
-        """SELECT g.rank, g.eid, g.step FROM gpu_ops g JOIN _cp_events n ON n.job = g.job
+        """SELECT g.rank, g.eid, g.step FROM gpu_ops g JOIN cp_nodes n ON n.job = g.job
            AND n.rank = g.rank AND n.eid = g.eid WHERE g.job = ? AND g.step IS NOT NULL""",
         [job]).fetchnumpy()
-    in_steps = np.isin(step_ops["step"], steps)
-    so_idx = np.searchsorted(steps, step_ops["step"][in_steps])
-    so_node = 2 * slot_of(step_ops["rank"][in_steps], step_ops["eid"][in_steps]) + 1
-    step_start = (st_idx[ok], 2 * st_slot[ok])
-    step_end = (np.concatenate([st_idx[ok], so_idx]),
-                np.concatenate([2 * st_slot[ok] + 1, so_node]))
+    row_of = {(int(r), int(k)): i for i, (r, k) in enumerate(zip(st["rank"], st["step"],
+                                                                  strict=True))}
+    op_row = np.array([row_of.get((int(r), int(k)), -1) for r, k in
+                       zip(step_ops["rank"], step_ops["step"], strict=True)], dtype=np.int64)
+    op_last = op_row >= 0
+    op_last[op_last] = st["last"][op_row[op_last]]
+    ps_last = last[is_node[ps_slot[last]]]  # an annotation still open is no graph point
+    end_rows = [ps_last, ps_last, op_row[op_last]]
+    end_nodes = [2 * ps_slot[ps_last], 2 * ps_slot[ps_last] + 1,
+                 2 * slot_of(step_ops["rank"][op_last], step_ops["eid"][op_last]) + 1]
+    rank_steps = {
+        "rank": np.asarray(st["rank"], dtype=np.int64),
+        "step_idx": np.searchsorted(steps, st["step"]),
+        "start_node": start_node, "start_fixed": fixed,
+        "end_row": np.concatenate(end_rows).astype(np.int64),
+        "end_node": np.concatenate(end_nodes).astype(np.int64)}
+    complete = np.asarray(js["complete"], dtype=bool)
     if len(steps) == 0:  # no ProfilerStep (inference, a custom loop): the whole trace, as
         # the critical path does; step number NO_STEP
-        steps = np.array([NO_STEP], dtype=np.int64)
-        zeros = np.zeros(len(slot), dtype=np.int64)
-        step_start, step_end = (zeros, 2 * slot), (zeros, 2 * slot + 1)
+        steps, complete = np.array([NO_STEP], dtype=np.int64), np.array([True])
+    bd = con.execute(
+        """SELECT b.rank, b.eid, b.what FROM breakdown_events b JOIN cp_nodes n
+           ON n.job = b.job AND n.rank = b.rank AND n.eid = b.eid
+           WHERE b.job = ? AND b.what <> 'cpu'""", [job]).fetchnumpy()
+    breakdown = {"slot": slot_of(bd["rank"], bd["eid"]),
+                 "what": np.array([CLASSES.index(w) for w in bd["what"].tolist()],
+                                  dtype=np.int8)}
 
     # -- what the models need: GPU op details, instance sizes and groups
     dims, types = ops["dims"], ops["types"]
@@ -376,10 +369,9 @@ def build_graph(con: duckdb.DuckDBPyConnection, job: str) -> ReplayGraph:
         rank=per_slot(ev["rank"], -1, np.int32),
         eid=per_slot(ev["eid"], -1, np.int64), track=per_slot(ev["track_id"], -1, np.int32),
         cls=cls, parent=per_slot(parent, -1, np.int64),
-        is_gpu=per_slot(ev["is_gpu"], False, bool), is_op=is_op, n_event_slots=n_ev_slots,
-        ops=op_info, insts=insts, steps=steps,
-        step_start_nodes=step_start, step_end_nodes=step_end,
-        ranks=ranks, devices=devices)
+        is_gpu=per_slot(ev["is_gpu"], False, bool), n_event_slots=n_ev_slots,
+        ops=op_info, insts=insts, steps=steps, step_complete=complete,
+        rank_steps=rank_steps, breakdown=breakdown, ranks=ranks, devices=devices)
 
 
 def _unmasked(a: np.ndarray) -> np.ndarray:

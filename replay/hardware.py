@@ -60,3 +60,28 @@ def find_gpu(device_name: str, gpus: dict[str, Gpu] | None = None) -> Gpu | None
     name = device_name.lower()
     hits = [(len(m), g) for g in gpus.values() for m in g.match if m.lower() in name]
     return max(hits, key=lambda h: h[0])[1] if hits else None
+
+
+def lookup_gpu(text: str, gpus: dict[str, Gpu] | None = None) -> Gpu | None:
+    """The catalog GPU ``text`` names exactly, case-insensitive: its key (h100), its ``name``
+    (H100 SXM) or one of its ``match`` names (MI250); None for anything else."""
+    gpus = gpus if gpus is not None else catalog()
+    want = text.strip().lower()
+    for g in gpus.values():
+        if want in {g.key.lower(), g.name.lower(), *(m.lower() for m in g.match)}:
+            return g
+    return None
+
+
+def catalog_help(gpus: dict[str, Gpu] | None = None) -> str:
+    """What a GPU option accepts, from the catalog, for help texts: 'a catalog key (a100,
+    b200, ...) or name (e.g. 'A100 SXM 80GB'), case-insensitive'."""
+    gpus = gpus if gpus is not None else catalog()
+    example = f" (e.g. '{next(iter(gpus.values())).name}')" if gpus else ""
+    return f"a catalog key ({', '.join(gpus)}) or name{example}, case-insensitive"
+
+
+def describe_catalog(gpus: dict[str, Gpu] | None = None) -> str:
+    """'a100 (A100 SXM 80GB), ...': every key with its name, for error messages."""
+    gpus = gpus if gpus is not None else catalog()
+    return ", ".join(f"{k} ({g.name})" for k, g in gpus.items())

@@ -25,9 +25,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .compute import COMPUTE_BOUND, DTYPE_OF, Speedup, op_work, roofline_s
+from .compute import COMPUTE_BOUND, DTYPE_OF, Speedup, WhatIfError, op_work, roofline_s
 from .graph import COMM_DURATION, OP_DURATION, TRANSFER, ReplayGraph, parse_shapes
-from .hardware import Gpu, catalog, find_gpu
+from .hardware import Gpu, catalog, describe_catalog, find_gpu, lookup_gpu
 from .network import Network, collective_time, default_network
 
 _DP_DESC = re.compile(r"(^|[^a-z])dp([^a-z]|$)|data|default_pg", re.IGNORECASE)
@@ -64,12 +64,48 @@ class Weights:
 
 
 def resolve_gpu(text: str) -> Gpu:
-    """A catalog GPU from its key (h100) or a device name (NVIDIA H100 80GB HBM3)."""
+    """The catalog GPU a user names: its key (h100), its catalog name (H100 SXM) or a match
+    name (MI250), exactly, case-insensitive (``lookup_gpu``). Anything else raises
+    ``WhatIfError`` listing the catalog: a near miss (h100x, a100-40gb) is not silently the
+    nearest GPU."""
     gpus = catalog()
-    gpu = gpus.get(text.lower()) or find_gpu(text, gpus)
+    gpu = lookup_gpu(text, gpus)
     if gpu is None:
-        raise ValueError(f"unknown GPU {text!r}; known: {', '.join(sorted(gpus))}")
+        raise WhatIfError(f"unknown GPU {text!r}; give a catalog key or name "
+                          f"(case-insensitive): {describe_catalog(gpus)}")
     return gpu
+
+
+def check_speedups(graph: ReplayGraph, speedups: tuple[Speedup, ...] | list[Speedup]) -> None:
+    """Raise ``WhatIfError`` for the first speedup that would change no duration of
+    ``graph``: its category or pattern matches no GPU op of the job, or only collective
+    transfers (priced by the network model, not by speedups)."""
+    ops = graph.ops
+    n = len(ops["dur"])
+    scaled = np.zeros(n, dtype=bool)  # ops whose duration edge the GPU model sets
+    scaled[graph.op[graph.role == OP_DURATION]] = True
+    for s in speedups:
+        hit = _speedup_hits(ops, s)
+        if hit[scaled].any():
+            continue
+        given = str(s)
+        if hit.any():
+            raise WhatIfError(f"speedup {given!r}: every GPU op of job {graph.job} it matches "
+                              "is a collective transfer, which the network model prices "
+                              "(use --network)")
+        if s.pattern is not None:
+            raise WhatIfError(f"speedup {given!r}: the pattern {s.pattern.pattern!r} matches "
+                              f"no GPU op of job {graph.job}")
+        raise WhatIfError(f"speedup {given!r}: job {graph.job} has no GPU op of category "
+                          f"{s.category!r}" + ("" if n else " (it has no GPU ops)"))
+
+
+def _speedup_hits(ops: dict, s: Speedup) -> np.ndarray:
+    """Per GPU op of the graph: does ``s`` apply to it."""
+    if s.pattern is not None:
+        names, inv = np.unique(ops["name"].astype(str), return_inverse=True)
+        return np.array([bool(s.pattern.search(x)) for x in names], dtype=bool)[inv]
+    return ops["category"].astype(str) == s.category
 
 
 def source_gpu(graph: ReplayGraph, scenario: Scenario) -> Gpu | None:
@@ -116,12 +152,7 @@ def op_factors(graph: ReplayGraph, scenario: Scenario) -> tuple[np.ndarray, np.n
                              "give --source-gpu")
         factor, model_ns = _gpu_factors(graph, src, scenario.gpu)
     for s in scenario.speedups:
-        if s.pattern is not None:
-            names, inv = np.unique(ops["name"].astype(str), return_inverse=True)
-            hit = np.array([bool(s.pattern.search(x)) for x in names])[inv]
-        else:
-            hit = ops["category"].astype(str) == s.category
-        factor = np.where(hit, factor / s.factor, factor)
+        factor = np.where(_speedup_hits(ops, s), factor / s.factor, factor)
     return factor, model_ns
 
 

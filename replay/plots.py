@@ -9,8 +9,8 @@ if TYPE_CHECKING:
     from .run import ReplayResult
 
 
-PARTS = (("compute", "compute", "#4C72B0"), ("memcpy", "memcpy", "#8172B2"),
-         ("exposed_comm", "exposed comm", "#DD8452"), ("idle", "idle", "#BBBBBB"))
+PARTS = (("compute", "compute", "#4C72B0"), ("exposed_comm", "exposed comm", "#DD8452"),
+         ("exposed_memcpy", "memcpy (not overlapped)", "#8172B2"), ("idle", "idle", "#BBBBBB"))
 
 
 def _figure(width: float, height: float) -> Any:

@@ -4,10 +4,12 @@
 (``model.weights``), schedules it (``simulate.schedule``) and reads the results off the
 projected timeline, so a sweep of many scenarios builds the graph once.
 
-A step of a job is, as everywhere in tracetool, the window from the earliest ProfilerStep#N
-start over ranks to the latest end of its annotation or of a GPU op launched inside it; the
-projected step is the same window on the projected timeline. A job without ProfilerStep is
-one window: its first event's start to its last event's end.
+Steps are the analysis views' (``steps`` per rank, ``job_steps`` across ranks; docs/steps.md):
+``step_windows`` tiles any timeline by the same rules, so on the measured timeline it gives
+exactly the views' times, and on the projected one the projected steps. The measured step of
+a result is the job step; its breakdown is the mean over ranks of step_breakdown, made of the
+same events (the view breakdown_events). A job without ProfilerStep is one window: its first
+event's start to its last event's end.
 """
 
 from __future__ import annotations
@@ -24,12 +26,14 @@ from tracetool.analysis.critical_path import (
     PathGraph,
     PathWalker,
 )
+from tracetool.numbers import round_ns
 
 from .graph import NO_STEP, ReplayGraph, build_graph
 from .model import Scenario, weights
 from .simulate import binding_edges, schedule
 
-BREAKDOWN = ("compute", "memcpy", "exposed_comm", "idle")  # these add up to the step time
+# step_breakdown's partition of a rank's step (its columns without _ns): these add up to it
+BREAKDOWN = ("compute", "exposed_comm", "exposed_memcpy", "idle")
 _COMPUTE, _COMM, _MEMCPY = (CLASSES.index(c) for c in ("compute", "comm", "memcpy"))
 
 
@@ -40,11 +44,13 @@ class StepResult:
     projected_ns: int
     low_ns: int
     high_ns: int
-    measured: dict[str, int]  # breakdown (BREAKDOWN + comm_ns), mean over ranks
+    # breakdown: BREAKDOWN + comm_ns + dur_ns (the rank's step), mean over the ranks' steps
+    measured: dict[str, int]
     projected: dict[str, int]
     critical_path: dict[str, int]  # projected path: ns per segment kind
     start_ns: int  # projected window, ns since the epoch
     end_ns: int
+    complete: bool = True  # job_steps.complete of the measured step
 
     @property
     def error(self) -> float:
@@ -65,7 +71,7 @@ class ReplayResult:
     def to_dict(self) -> dict:
         return {"job": self.job, "scenario": self.scenario, "notes": self.notes,
                 "steps": [{
-                    "step": s.step, "measured_step_ns": s.measured_ns,
+                    "step": s.step, "complete": s.complete, "measured_step_ns": s.measured_ns,
                     "projected_step_ns": s.projected_ns, "low_ns": s.low_ns,
                     "high_ns": s.high_ns, "error": s.error,
                     "measured_breakdown_ns": s.measured,
@@ -78,75 +84,55 @@ class Replayer:
 
     def __init__(self, graph: ReplayGraph) -> None:
         self.graph = graph
-        g = graph
-        ev = np.arange(g.n_event_slots)
-        has_gpu = np.zeros(int(g.rank.max()) + 2, dtype=bool)
-        has_gpu[g.rank[ev][g.is_gpu[ev]]] = True
-        comm_tracks = {(int(r), int(t)) for r, t in zip(g.rank[ev][g.cls[ev] == _COMM],
-                                                        g.track[ev][g.cls[ev] == _COMM],
-                                                        strict=True)}
-        # intervals of the breakdown, per slot: class index or -1 (not counted)
-        what = np.full(len(g.rank), -1, dtype=np.int8)
-        gpu = ev[g.is_gpu[ev]]
-        what[gpu] = g.cls[gpu]
-        cpu_only = ev[~has_gpu[g.rank[ev]] & ~g.is_gpu[ev]]
-        is_comm = g.cls[cpu_only] == _COMM
-        what[cpu_only[is_comm]] = _COMM
-        on_comm_track = np.array([(int(r), int(t)) in comm_tracks for r, t in
-                                  zip(g.rank[cpu_only], g.track[cpu_only], strict=True)],
-                                 dtype=bool)
-        compute = ~is_comm & g.is_op[cpu_only] & ~on_comm_track
-        what[cpu_only[compute]] = _COMPUTE
-        self._iv_slot = np.flatnonzero(what >= 0)
-        self._iv_what = what[self._iv_slot]
-        self._iv_rank = g.rank[self._iv_slot]
-        self.measured = self._steps(g.t0)
+        bd = graph.breakdown
+        order = np.lexsort((bd["slot"], graph.rank[bd["slot"]]))
+        self._iv_slot, self._iv_what = bd["slot"][order], bd["what"][order]
+        iv_rank = graph.rank[self._iv_slot]
+        ranks, first = np.unique(iv_rank, return_index=True)
+        bounds = np.append(first, len(iv_rank))
+        self._iv_range = {int(r): (int(bounds[i]), int(bounds[i + 1]))
+                          for i, r in enumerate(ranks)}
+        self.measured = step_windows(graph, graph.t0)
 
     @classmethod
     def from_store(cls, con: duckdb.DuckDBPyConnection, job: str) -> Replayer:
         return cls(build_graph(con, job))
 
-    def _steps(self, t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(start, end) per step on timeline ``t`` (relative ns)."""
-        g = self.graph
-        n = len(g.steps)
-        start, end = np.full(n, np.inf), np.full(n, -np.inf)
-        si, sn = g.step_start_nodes
-        ei, en = g.step_end_nodes
-        np.minimum.at(start, si, t[sn])
-        np.maximum.at(end, ei, t[en])
-        return start, end
-
     def run(self, scenario: Scenario | None = None, *, critical_path: bool = True,
-            breakdown: bool = True) -> ReplayResult:
-        """Project every complete step of the job under ``scenario`` (identity if None)."""
+            breakdown: bool = True, include_incomplete: bool = False) -> ReplayResult:
+        """Project every complete job step under ``scenario`` (identity if None; every step
+        with ``include_incomplete``)."""
         scenario = scenario or Scenario()
         g = self.graph
         wts = weights(g, scenario)
         t = schedule(g.order, g.indptr, g.src, wts.w, g.t0)
-        m_start, m_end = self.measured
-        p_start, p_end = self._steps(t)
+        m, p = self.measured, step_windows(g, t)
         if np.array_equal(wts.w, wts.w_alt):
-            alt = p_end - p_start
+            alt = p.job_end - p.job_start
         else:
-            a_start, a_end = self._steps(schedule(g.order, g.indptr, g.src, wts.w_alt, g.t0))
-            alt = a_end - a_start
-        low, high = self._band(m_end - m_start, p_end - p_start, alt)
-        path, segments = (self._path(t, wts.w, p_start, p_end) if critical_path
+            a = step_windows(g, schedule(g.order, g.indptr, g.src, wts.w_alt, g.t0))
+            alt = a.job_end - a.job_start
+        low, high = self._band(np.where(g.step_complete, m.job_end - m.job_start, np.nan),
+                               p.job_end - p.job_start, alt)
+        path, segments = (self._path(t, wts.w, p.job_start, p.job_end) if critical_path
                           else (None, []))
         steps = []
         for i, s in enumerate(g.steps):
-            if not np.isfinite(m_start[i]) or not np.isfinite(m_end[i]):
+            if not (g.step_complete[i] or include_incomplete):
                 continue
-            mb = self._breakdown(g.t0, m_start[i], m_end[i]) if breakdown else {}
-            pb = self._breakdown(t, p_start[i], p_end[i]) if breakdown else {}
-            meas, proj = int(round(m_end[i] - m_start[i])), int(round(p_end[i] - p_start[i]))
+            if not np.isfinite(m.job_start[i]) or not np.isfinite(m.job_end[i]):
+                continue
+            mb = self._breakdown(g.t0, m, i) if breakdown else {}
+            pb = self._breakdown(t, p, i) if breakdown else {}
+            meas = int(round(m.job_end[i] - m.job_start[i]))
+            proj = int(round(p.job_end[i] - p.job_start[i]))
             steps.append(StepResult(
                 step=None if s == NO_STEP else int(s), measured_ns=meas, projected_ns=proj,
                 low_ns=int(round(low[i])), high_ns=int(round(high[i])),
                 measured=mb, projected=pb, critical_path=path[i] if path else {},
-                start_ns=int(round(p_start[i])) + g.origin_ns,
-                end_ns=int(round(p_end[i])) + g.origin_ns))
+                start_ns=int(round(p.job_start[i])) + g.origin_ns,
+                end_ns=int(round(p.job_end[i])) + g.origin_ns,
+                complete=bool(g.step_complete[i])))
         times = np.round(t).astype(np.int64) + g.origin_ns
         return ReplayResult(job=g.job, scenario=scenario.label, steps=steps, times_ns=times,
                             notes=wts.notes, path=segments)
@@ -163,31 +149,36 @@ class Replayer:
         lo, hi = np.minimum(projected, alt), np.maximum(projected, alt)
         return lo - u_steps * projected, hi + u_steps * projected
 
-    def _breakdown(self, t: np.ndarray, a: float, b: float) -> dict[str, int]:
-        """Mean over ranks of the step window split into compute, memcpy (not under
-        compute), exposed comm (not under either) and idle; plus comm_ns (all comm time)."""
+    def _breakdown(self, t: np.ndarray, w: StepWindows, i: int) -> dict[str, int]:
+        """Mean over the ranks of job step ``i`` of step_breakdown's partition of each rank's
+        step (compute, exposed comm, exposed memcpy, idle; plus comm_ns and the step's
+        dur_ns), from the breakdown_events on timeline ``t``."""
         g = self.graph
-        s, e = t[2 * self._iv_slot], t[2 * self._iv_slot + 1]
-        inside = (e > a) & (s < b)
-        s, e = np.maximum(s[inside], a), np.minimum(e[inside], b)
-        what, rank = self._iv_what[inside], self._iv_rank[inside]
-        acc = dict.fromkeys((*BREAKDOWN, "comm"), 0.0)
-        ranks = g.ranks
-        for r in ranks:
-            sel = rank == r
-            w = what[sel]
-            rs, re_ = s[sel], e[sel]
-            comp = _union(rs[w == _COMPUTE], re_[w == _COMPUTE])
-            comp_copy = _union(rs[w != _COMM], re_[w != _COMM])
-            busy = _union(rs, re_)
-            acc["compute"] += comp
-            acc["memcpy"] += comp_copy - comp
-            acc["exposed_comm"] += busy - comp_copy
+        rows = np.flatnonzero(g.rank_steps["step_idx"] == i) if len(w.rank_start) else []
+        windows = ([(int(g.rank_steps["rank"][r]), w.rank_start[r], w.rank_end[r])
+                    for r in rows] if len(rows)
+                   else [(int(r), w.job_start[i], w.job_end[i]) for r in g.ranks])
+        acc = dict.fromkeys((*BREAKDOWN, "comm", "dur"), 0.0)
+        for rank, a, b in windows:
+            lo, hi = self._iv_range.get(rank, (0, 0))
+            sl = self._iv_slot[lo:hi]
+            s, e = t[2 * sl], t[2 * sl + 1]
+            inside = (e > a) & (s < b)
+            s, e = np.maximum(s[inside], a), np.minimum(e[inside], b)
+            what = self._iv_what[lo:hi][inside]
+            compute = _union(s[what == _COMPUTE], e[what == _COMPUTE])
+            either = _union(s[what != _MEMCPY], e[what != _MEMCPY])
+            busy = _union(s, e)
+            acc["compute"] += compute
+            acc["exposed_comm"] += either - compute
+            acc["exposed_memcpy"] += busy - either
             acc["idle"] += (b - a) - busy
-            acc["comm"] += _union(rs[w == _COMM], re_[w == _COMM])
-        n = max(len(ranks), 1)
-        out = {k: int(round(v / n)) for k, v in acc.items() if k != "comm"}
-        out["comm_ns"] = int(round(acc["comm"] / n))
+            acc["comm"] += _union(s[what == _COMM], e[what == _COMM])
+            acc["dur"] += b - a
+        n = max(len(windows), 1)
+        out = {k: round_ns(acc[k] / n) for k in BREAKDOWN}
+        out["comm_ns"] = round_ns(acc["comm"] / n)
+        out["dur_ns"] = round_ns(acc["dur"] / n)
         return out
 
     def _path(self, t: np.ndarray, w: np.ndarray, start: np.ndarray, end: np.ndarray
@@ -238,6 +229,62 @@ class Replayer:
                     "start_ns": int(seg["start"][i]) + g.origin_ns,
                     "end_ns": int(seg["end"][i]) + g.origin_ns})
         return out, segments
+
+
+@dataclass
+class StepWindows:
+    """Steps tiled on one timeline (relative ns): per graph.rank_steps row the rank's step,
+    per graph.steps entry the job step (NaN/inf where a step has no points)."""
+
+    rank_start: np.ndarray
+    rank_end: np.ndarray
+    job_start: np.ndarray
+    job_end: np.ndarray
+
+
+def step_windows(g: ReplayGraph, t: np.ndarray) -> StepWindows:
+    """The steps and job_steps views' tiling (analysis/sql/05_steps.sql) on timeline ``t``:
+    per rank, each step starts at its start point, never before the previous step's start,
+    and ends where the next starts (the last at its latest point); a job step starts where
+    the last rank starts it (the first: the earliest rank) and ends where the next starts
+    (the last: the latest rank's end)."""
+    rs = g.rank_steps
+    n = len(rs["rank"])
+    if n == 0:  # no ProfilerStep: one window over every event
+        ev = np.arange(g.n_event_slots)
+        ev = ev[g.rank[ev] >= 0]
+        a = np.array([t[2 * ev].min()]) if len(ev) else np.array([np.inf])
+        b = np.array([t[2 * ev + 1].max()]) if len(ev) else np.array([-np.inf])
+        return StepWindows(np.zeros(0), np.zeros(0), a, b)
+    node = rs["start_node"]
+    raw = np.where(node >= 0, t[np.maximum(node, 0)], rs["start_fixed"])
+    last_end = np.full(n, -np.inf)
+    np.maximum.at(last_end, rs["end_row"], t[rs["end_node"]])
+    rank_start, rank_end = _tile(rs["rank"], raw, last_end)
+    k, idx = len(g.steps), rs["step_idx"]
+    first, latest, ends = np.full(k, np.inf), np.full(k, -np.inf), np.full(k, -np.inf)
+    np.minimum.at(first, idx, rank_start)
+    np.maximum.at(latest, idx, rank_start)
+    np.maximum.at(ends, idx, rank_end)
+    raw_job = np.where(np.arange(k) == 0, first, latest)
+    job_start, job_end = _tile(np.zeros(k, dtype=np.int64), raw_job, ends)
+    return StepWindows(rank_start, rank_end, job_start, job_end)
+
+
+def _tile(group: np.ndarray, raw: np.ndarray, last_end: np.ndarray
+          ) -> tuple[np.ndarray, np.ndarray]:
+    """Rows sorted by group (then step): start = running max of ``raw`` within the group,
+    end = the next row's start, the group's last row: max(its start, ``last_end``)."""
+    start = raw.astype(np.float64)
+    cuts = np.flatnonzero(np.diff(group)) + 1
+    for seg in np.split(np.arange(len(raw)), cuts):
+        start[seg] = np.maximum.accumulate(start[seg])
+    end = np.empty_like(start)
+    end[:-1] = start[1:]
+    is_last = np.ones(len(start), dtype=bool)
+    is_last[:-1] = group[1:] != group[:-1]
+    end[is_last] = np.maximum(start[is_last], last_end[is_last])
+    return start, end
 
 
 def _union(s: np.ndarray, e: np.ndarray) -> float:

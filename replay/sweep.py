@@ -33,7 +33,8 @@ def parse_axis(text: str) -> tuple[str, list[str]]:
 
 
 def sweep(replayer: Replayer, base: Scenario, network_axes: list[str],
-          gpus: list[str] | None = None, dp_scales: list[int] | None = None) -> list[dict]:
+          gpus: list[str] | None = None, dp_scales: list[int] | None = None,
+          include_incomplete: bool = False) -> list[dict]:
     """One row per grid point: the setting, and measured / projected step time, band and
     breakdown as the mean over the job's complete steps."""
     g = replayer.graph
@@ -58,7 +59,7 @@ def sweep(replayer: Replayer, base: Scenario, network_axes: list[str],
         if dp_scales:
             parts.append(f"dp_scale={dp}")
         sc = replace(sc, label=", ".join(parts) or "identity")
-        res = replayer.run(sc, critical_path=False)
+        res = replayer.run(sc, critical_path=False, include_incomplete=include_incomplete)
         mean = {k: int(np.mean([getattr(s, k) for s in res.steps]))
                 for k in ("measured_ns", "projected_ns", "low_ns", "high_ns")}
         rows.append({

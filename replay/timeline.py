@@ -31,7 +31,7 @@ def write_projected_trace(con: duckdb.DuckDBPyConnection, graph: ReplayGraph,
     g = graph
     ev = np.flatnonzero(g.rank[:g.n_event_slots] >= 0)
     names = con.execute(
-        "SELECT rank, eid, name FROM _cp_events WHERE job = ?", [g.job]).fetchnumpy()
+        "SELECT rank, eid, name FROM cp_nodes WHERE job = ?", [g.job]).fetchnumpy()
     name_of = {(int(r), int(e)): n for r, e, n in
                zip(names["rank"], names["eid"], names["name"], strict=True)}
     tracks = con.execute(

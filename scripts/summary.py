@@ -2,15 +2,15 @@
 
 import sys
 
-from tracetool.store_views import connect_store
+import tracetool
 
-con = connect_store(sys.argv[1])
+con = tracetool.connect(sys.argv[1])
 print("\nPer rank: events, steps and collectives")
 con.sql("""
     SELECT f.job, f.rank, f.events_read, f.events_stored, f.events_quarantined,
            (SELECT count(*) FROM steps s WHERE s.job = f.job AND s.rank = f.rank) AS steps,
            (SELECT round(median(dur_ns) / 1e6, 2) FROM steps s
-             WHERE s.job = f.job AND s.rank = f.rank) AS median_step_ms,
+             WHERE s.job = f.job AND s.rank = f.rank AND s.complete) AS median_step_ms,
            (SELECT count(*) FROM collectives c WHERE c.job = f.job AND c.rank = f.rank)
              AS collectives,
            (SELECT round(sum(dur_ns) / 1e6, 2) FROM collectives c

@@ -54,3 +54,40 @@ def x(name: str, ts: float | str, dur: float | str, *, cat: str = "cpu_op", pid:
     if args:
         e["args"] = args
     return e
+
+
+def independent_steps(steps: dict[int, tuple[int, int]], launched: dict[int, list[tuple]],
+                      gpu_marks: dict[int, tuple[int, object]], gpu: list[tuple]
+                      ) -> dict[int, tuple[int, int]]:
+    """docs/steps.md's tiling of one rank, written out from its rules (not from the SQL):
+    per step number its CPU annotation (start, end), the GPU ops it launched and its GPU
+    annotation (start, pid) if any; GPU ops are tuples (start, end, ..., pid at [4]).
+    Returns step -> (start, end)."""
+    order = sorted(steps)
+    first_gpu = {}
+    for n in order:
+        if n in gpu_marks:  # the first GPU op at or after the GPU annotation, same device
+            t, pid = gpu_marks[n]
+            after = [g[0] for g in gpu if g[4] == pid and g[0] >= t]
+            if after:
+                first_gpu[n] = min(after)
+                continue
+        if launched[n]:
+            first_gpu[n] = min(g[0] for g in launched[n])
+    gpu_end = {n: max(g[1] for g in launched[n]) for n in order if launched[n]}
+    lags = any(gpu_end.get(a, -1) > steps[b][0] for a, b in zip(order, order[1:], strict=False))
+    out, prev = {}, None
+    for i, n in enumerate(order):
+        cs = steps[n][0]
+        if i == 0:
+            s = min(cs, first_gpu.get(n, cs))
+        else:
+            s = first_gpu.get(n, cs) if lags else cs
+            s = max(s, prev)
+        out[n], prev = s, s
+    windows = {}
+    for a, b in zip(order, order[1:], strict=False):
+        windows[a] = (out[a], out[b])
+    last = order[-1]
+    windows[last] = (out[last], max(out[last], steps[last][1], gpu_end.get(last, out[last])))
+    return windows

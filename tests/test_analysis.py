@@ -15,7 +15,7 @@ import pytest
 import tracetool
 from tracetool.ingest.pipeline import Options, ingest
 
-from ._util import SAMPLES, SHARED_TRACES
+from ._util import SAMPLES, SHARED_TRACES, independent_steps
 
 HTA = "facebookresearch__HolisticTraceAnalysis/tests/data"
 BREAKDOWN_TRACES = {
@@ -74,7 +74,7 @@ def independent_breakdown(path: Path) -> dict[int, dict[str, int]]:
     doc = json.loads(text, strict=False, parse_float=Decimal)
     evs = doc["traceEvents"] if isinstance(doc, dict) else doc
     base = int(doc.get("baseTimeNanoseconds", 0)) if isinstance(doc, dict) else 0
-    steps, launches, gpu = {}, {}, []
+    steps, launches, gpu, marks = {}, {}, [], {}
     for e in evs:
         if e.get("ph") != "X" or "ts" not in e:
             continue
@@ -83,7 +83,9 @@ def independent_breakdown(path: Path) -> dict[int, dict[str, int]]:
         end = ts + _us(e.get("dur", 0))
         m = re.fullmatch(r"ProfilerStep#(\d+)", name)
         if m and cat in ("user_annotation", "Operator", "cpu_op"):
-            steps[int(m.group(1))] = (ts, end)
+            steps.setdefault(int(m.group(1)), (ts, end))
+        if m and cat == "gpu_user_annotation":
+            marks.setdefault(int(m.group(1)), (ts, e.get("pid")))
         if cat in LAUNCH_CATS and "correlation" in args:
             launches.setdefault(args["correlation"], ts)
         if cat in GPU_CATS:
@@ -91,17 +93,20 @@ def independent_breakdown(path: Path) -> dict[int, dict[str, int]]:
             if what == "kernel":
                 comm = bool(COMM.search(name)) or "Collective name" in args
                 what = "comm" if comm else "compute"
-            gpu.append((ts, end, what, args.get("correlation")))
+            gpu.append((ts, end, what, args.get("correlation"), e.get("pid")))
+    if not steps:
+        return {}
+    launched = {n: [g for g in gpu if cs <= launches.get(g[3], g[0]) < ce]
+                for n, (cs, ce) in steps.items()}
     out = {}
-    for n, (cs, ce) in steps.items():
-        launched = [g for g in gpu if cs <= launches.get(g[3], g[0]) < ce]
-        end = max([ce] + [g[1] for g in launched])
-        clip = [(max(s, cs), min(e, end), w) for s, e, w, _ in gpu if s < end and e > cs]
+    for n, (start, end) in independent_steps(steps, launched, marks, gpu).items():
+        clip = [(max(s, start), min(e, end), w) for s, e, w, _, _ in gpu
+                if s < end and e > start]
         u = {w: _union([(s, e) for s, e, x in clip if x == w])
              for w in ("compute", "comm", "memcpy")}
         u["busy"] = _union([(s, e) for s, e, _ in clip])
         u["compute_comm"] = _union([(s, e) for s, e, x in clip if x != "memcpy"])
-        u["dur"] = end - cs
+        u["dur"] = end - start
         out[n] = u
     return out
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from tracetool import __version__
 from tracetool.schema import TABLES, render_markdown
+from tracetool.store_views import STORE_FORMAT
 
 from ._util import REPO, SAMPLES, con
 
@@ -43,7 +44,7 @@ def test_ingest_samples_subprocess_json(tmp_path: Path) -> None:
         assert x["store"] == str(store)
     c = con(store)
     # the sample job: 3 profiled steps, 3 gloo allreduces per step per rank
-    assert c.execute("SELECT rank, count(*) FROM steps GROUP BY rank ORDER BY rank"
+    assert c.execute("SELECT rank, count(*) FROM profiler_steps GROUP BY rank ORDER BY rank"
                      ).fetchall() == [(0, 3), (1, 3)]
     assert c.execute("SELECT rank, count(*), count(gloo_eid) FROM collectives "
                      "GROUP BY rank ORDER BY rank").fetchall() == [(0, 9, 9), (1, 9, 9)]
@@ -112,7 +113,7 @@ def test_progress_bar_only_on_a_terminal(tmp_path: Path) -> None:
 def test_store_of_another_format_is_refused(tmp_path: Path) -> None:
     store = tmp_path / "store"
     assert tracetool("ingest", SAMPLES, "--store", store).returncode == 0
-    assert json.loads((store / "format.json").read_text()) == {"format": 1}
+    assert json.loads((store / "format.json").read_text()) == {"format": STORE_FORMAT}
     (store / "format.json").write_text('{"format": 0}')
     for args in (["sql", store, "SELECT 1"], ["ingest", SAMPLES, "--store", store, "--force"],
                  ["report", store, "--out", tmp_path / "r"], ["critical-path", store]):

@@ -13,6 +13,7 @@ from pathlib import Path
 import duckdb
 import pytest
 
+import tracetool
 from tracetool.analysis.critical_path import (
     EDGE_KINDS,
     SEGMENT_KINDS,
@@ -21,7 +22,6 @@ from tracetool.analysis.critical_path import (
     critical_path_summary,
 )
 from tracetool.ingest.pipeline import Options, ingest
-from tracetool.store_views import connect_store
 
 from ._util import SAMPLES, SHARED_TRACES, kineto_text, write
 
@@ -96,7 +96,7 @@ def con(tmp_path_factory: pytest.TempPathFactory) -> duckdb.DuckDBPyConnection:
         path = next((SHARED_TRACES / HTA_CP / case["dir"]).glob("*.json.gz"))
         res = ingest([path], Options(store=store, job=job, rank=0, workers=2))
         assert res[0].status == "ingested", res[0].message
-    return connect_store(store)
+    return tracetool.connect(store)
 
 
 @pytest.fixture(scope="session")
@@ -120,8 +120,8 @@ def by_step(rows: list[dict]) -> dict[int, list[dict]]:
 @pytest.mark.parametrize("job", list(MULTI_RANK))
 def test_path_is_contiguous_and_covers_each_step(con, paths, job: str) -> None:
     steps = con.execute(
-        """SELECT step, min(start_ns), max(end_ns), count(*) FROM steps
-           WHERE job = ? AND complete GROUP BY step ORDER BY step""", [job]).fetchall()
+        """SELECT step, start_ns, end_ns, n_ranks FROM job_steps
+           WHERE job = ? AND complete ORDER BY step""", [job]).fetchall()
     n_ranks = con.execute("SELECT count(DISTINCT rank) FROM trace_files WHERE job = ?",
                           [job]).fetchone()[0]
     assert n_ranks >= 2 and steps
@@ -149,8 +149,8 @@ def test_path_is_contiguous_and_covers_each_step(con, paths, job: str) -> None:
 
 @pytest.mark.parametrize("job", list(MULTI_RANK))
 def test_summary_adds_up_to_the_step(con, job: str) -> None:
-    steps = dict(con.execute("SELECT step, max(end_ns) - min(start_ns) FROM steps WHERE "
-                             "job = ? AND complete GROUP BY step", [job]).fetchall())
+    steps = dict(con.execute("SELECT step, dur_ns FROM job_steps WHERE job = ? AND complete",
+                             [job]).fetchall())
     for by in ("kind", "rank", "rank,kind"):
         rows = critical_path_summary(con, job, by=by).fetchall()
         total: dict[int, int] = {}
@@ -303,7 +303,7 @@ def test_two_rank_fixture_exact_segments(tmp_path: Path) -> None:
         write(d / f"rank{r}.json", kineto_text(evs, rank=r))
     store = tmp_path / "store"
     assert all(x.status == "ingested" for x in ingest([d], Options(store=store, job="j")))
-    con = connect_store(store)
+    con = tracetool.connect(store)
     got = [r[:4] for r in critical_path(con, "j", 1).query(
         "p", "SELECT rank, name, kind, edge_kind, start_ns, end_ns FROM p").fetchall()]
     us = [(r, s // 1000, e // 1000) for r, *_, s, e in critical_path(con, "j", 1).query(

@@ -352,7 +352,8 @@ def test_reingest_is_noop_and_force_replaces(tmp_path: Path) -> None:
 def _tables(store: Path) -> dict[str, list]:
     c = con(store)
     return {t: c.execute(f"SELECT * EXCLUDE (job) FROM {t} ORDER BY ALL").fetchall()
-            for t in ("events", "flows", "gpu_ops", "ingest_issues", "steps", "collectives")}
+            for t in ("events", "flows", "gpu_ops", "ingest_issues", "profiler_steps",
+                      "collectives")}
 
 
 def test_small_pieces_and_workers_give_identical_tables(tmp_path: Path) -> None:

@@ -421,7 +421,7 @@ def test_exact_counts(kineto_file: str, raw: dict[str, RawTrace], corpus: Corpus
         "metadata_events": one(f"SELECT count(*) FROM {pq(part, 'metadata_events')}"),
         "counter events": one(f"SELECT count(DISTINCT eid) FROM {pq(part, 'counters')}"),
         "kernels": one(f"SELECT count(*) FROM {pq(part, 'gpu_ops')} WHERE kind = 'kernel'"),
-        "steps": one(f"SELECT count(*) FROM {pq(part, 'steps')}"),
+        "steps": one(f"SELECT count(*) FROM {pq(part, 'profiler_steps')}"),
         "collectives": one(f"SELECT count(*) FROM {pq(part, 'collectives')}"),
     }
     colls = t.rpc_collectives if t.n_record_param_comms else t.c10d_collectives
@@ -446,7 +446,7 @@ def test_exact_counts(kineto_file: str, raw: dict[str, RawTrace], corpus: Corpus
     counters = duck.execute(f"SELECT eid, name, series, value FROM {pq(part, 'counters')} "
                             "ORDER BY eid, series").fetchall()
     assert counters == sorted(t.counter_rows, key=lambda r: (r[0], r[2]))
-    steps = duck.execute(f"SELECT step FROM {pq(part, 'steps')}").fetchnumpy()["step"]
+    steps = duck.execute(f"SELECT step FROM {pq(part, 'profiler_steps')}").fetchnumpy()["step"]
     assert set(steps.tolist()) == t.steps
     names = duck.execute(f"SELECT collective, kernel_name FROM {pq(part, 'collectives')}"
                          ).fetchall()
@@ -658,7 +658,7 @@ def test_steps_found_in_2021_legacy_category_traces(trace: str, raw: dict[str, R
     t = raw[trace]
     assert t.steps_legacy and t.steps_legacy == t.steps  # premise: all steps are Operator
     part = partition(corpus, trace)
-    steps = duck.execute(f"SELECT step FROM {pq(part, 'steps')}").fetchnumpy()["step"]
+    steps = duck.execute(f"SELECT step FROM {pq(part, 'profiler_steps')}").fetchnumpy()["step"]
     assert set(steps.tolist()) == t.steps
 
 
@@ -692,8 +692,8 @@ def test_identity_replay_of_every_trace(kineto_file: str, corpus: Corpus, corpus
     r = Replayer.from_store(corpus_con, res["job"])
     assert r.graph.cycle_breaks == 0
     expected = dict(corpus_con.execute(
-        """SELECT step, max(end_ns) - min(start_ns) FROM steps WHERE job = ? AND complete
-           GROUP BY step""", [res["job"]]).fetchall())
+        "SELECT step, dur_ns FROM job_steps WHERE job = ? AND complete",
+        [res["job"]]).fetchall())
     steps = r.run().steps
     if expected:
         assert {s.step: s.measured_ns for s in steps} == expected
@@ -704,3 +704,20 @@ def test_identity_replay_of_every_trace(kineto_file: str, corpus: Corpus, corpus
     projected = r.run(Scenario(gpu=resolve_gpu("b200"), source_gpu=resolve_gpu("h100")),
                       critical_path=False).steps
     assert [s.step for s in projected] == [s.step for s in steps]
+
+
+def test_steps_tile_each_rank(kineto_file: str, corpus: Corpus, corpus_con) -> None:
+    """docs/steps.md: per rank, steps do not overlap and their times add up to the span from
+    the first step's start to the last step's end; job steps tile the job the same way."""
+    job = corpus.results[kineto_file]["job"]
+    for table, key in (("steps", "rank"), ("job_steps", "job")):
+        rows = corpus_con.execute(
+            f"SELECT {key}, step, start_ns, end_ns, dur_ns FROM {table} WHERE job = ? "
+            f"ORDER BY {key}, step", [job]).fetchall()
+        by: dict = defaultdict(list)
+        for k, *r in rows:
+            by[k].append(r)
+        for tiles in by.values():
+            assert all(d == e - s >= 0 for _, s, e, d in tiles)
+            assert all(a[2] == b[1] for a, b in zip(tiles, tiles[1:], strict=False))
+            assert sum(d for *_, d in tiles) == tiles[-1][2] - tiles[0][1]

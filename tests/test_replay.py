@@ -86,17 +86,25 @@ def replayers(con: duckdb.DuckDBPyConnection) -> dict[str, Replayer]:
 def test_identity_replay_reproduces_every_step(job: str, con: duckdb.DuckDBPyConnection,
                                                replayers: dict[str, Replayer]) -> None:
     expected = dict(con.execute(
-        """SELECT step, max(end_ns) - min(start_ns) FROM steps WHERE job = ? AND complete
-           GROUP BY step""", [job]).fetchall())
+        "SELECT step, dur_ns FROM job_steps WHERE job = ? AND complete", [job]).fetchall())
+    # the measured breakdown is step_breakdown's, averaged over the ranks (rounded as SQL does)
+    breakdown = {r[0]: dict(zip((*BREAKDOWN, "comm_ns", "dur_ns"), r[1:], strict=True))
+                 for r in con.execute(
+        """SELECT step, round(avg(compute_ns)), round(avg(exposed_comm_ns)),
+                  round(avg(exposed_memcpy_ns)), round(avg(idle_ns)), round(avg(comm_ns)),
+                  round(avg(dur_ns))
+           FROM step_breakdown WHERE job = ? GROUP BY step""", [job]).fetchall()}
     result = replayers[job].run()
     assert [s.step for s in result.steps] == sorted(expected)
     for s in result.steps:
         assert s.measured_ns == expected[s.step]
+        assert s.measured == breakdown[s.step]
         assert abs(s.projected_ns - s.measured_ns) <= 0.02 * s.measured_ns
         assert s.projected_ns == s.measured_ns  # exact, in fact
         assert (s.low_ns <= s.projected_ns <= s.high_ns)
         assert s.projected == s.measured
-        assert sum(s.measured[k] for k in BREAKDOWN) == pytest.approx(s.measured_ns, abs=4)
+        assert sum(s.measured[k] for k in BREAKDOWN) == pytest.approx(s.measured["dur_ns"],
+                                                                       abs=4)
         assert sum(s.critical_path.values()) == s.projected_ns
     g = replayers[job].graph
     assert g.cycle_breaks == 0
@@ -252,7 +260,7 @@ def test_cross_gpu_pair_h100_to_mi300x(con: duckdb.DuckDBPyConnection,
                                        replayers: dict[str, Replayer]) -> None:
     """The same model on an H100 and an MI300X: projecting the H100 trace onto the MI300X
     lands within 15% of the MI300X's measured step (the step is CPU-bound)."""
-    mi = con.execute("SELECT max(end_ns) - min(start_ns) FROM steps "
+    mi = con.execute("SELECT dur_ns FROM job_steps "
                      "WHERE job = 'bert_mi300x' AND complete").fetchone()[0]
     res = replayers["bert_h100"].run(Scenario(gpu=resolve_gpu("mi300x")))
     (s,) = res.steps
@@ -261,8 +269,7 @@ def test_cross_gpu_pair_h100_to_mi300x(con: duckdb.DuckDBPyConnection,
 
 def _mean_step(con: duckdb.DuckDBPyConnection, job: str) -> float:
     return con.execute(
-        """SELECT avg(d) FROM (SELECT max(end_ns) - min(start_ns) AS d FROM steps
-           WHERE job = ? AND complete GROUP BY step)""", [job]).fetchone()[0]
+        "SELECT avg(dur_ns) FROM job_steps WHERE job = ? AND complete", [job]).fetchone()[0]
 
 
 def test_network_projection_matches_shaped_network_ground_truth(
@@ -340,7 +347,7 @@ def test_cli_replay_json_and_chrome_trace(store: Path, con: duckdb.DuckDBPyConne
     assert s["step"] == 10
     assert s["low_ns"] <= s["projected_step_ns"] <= s["high_ns"]
     assert s["measured_step_ns"] == con.execute(
-        "SELECT max(end_ns) - min(start_ns) FROM steps WHERE job = 'dlrm' AND step = 10"
+        "SELECT dur_ns FROM job_steps WHERE job = 'dlrm' AND step = 10"
     ).fetchone()[0]
     trace = json.loads(out.read_text())
     slices = [e for e in trace["traceEvents"] if e["ph"] == "X" and e["cat"] != "critical_path"]
@@ -400,17 +407,17 @@ def test_cli_sweep_writes_table_and_plot(store: Path, tmp_path: Path) -> None:
     assert (out / "sweep.png").read_bytes()[:4] == b"\x89PNG"
 
 
-@pytest.mark.parametrize("args,message", [
-    (["--gpu", "tpu9"], "unknown GPU 'tpu9'"),
-    (["--network", "inter_node_bw=fast"], "bad bandwidth 'fast'"),
-    (["--network", "inter_node_bw=1Gbit/s"], "give --source-network"),
-    (["--network", "nics=2"], "unknown network setting(s) ['nics']"),
-    (["--step", "99"], "has no complete ProfilerStep#99"),
-    (["--speedup", "gemm"], "bad speedup 'gemm'"),
+@pytest.mark.parametrize("args,message,code", [
+    (["--gpu", "tpu9"], "unknown GPU 'tpu9'", 2),
+    (["--network", "inter_node_bw=fast"], "bad bandwidth 'fast'", 1),
+    (["--network", "inter_node_bw=1Gbit/s"], "give --source-network", 1),
+    (["--network", "nics=2"], "unknown network setting(s) ['nics']", 1),
+    (["--step", "99"], "has no complete ProfilerStep#99", 1),
+    (["--speedup", "gemm"], "bad speedup 'gemm'", 2),
 ])
-def test_cli_replay_errors(store: Path, args: list[str], message: str) -> None:
-    code, stdout, stderr = run("replay", store, "--job", "gloo", *args)
-    assert code == 1
+def test_cli_replay_errors(store: Path, args: list[str], message: str, code: int) -> None:
+    got, stdout, stderr = run("replay", store, "--job", "gloo", *args)
+    assert got == code
     assert message in stderr and stderr.count("\n") == 1 and "Traceback" not in stderr
 
 

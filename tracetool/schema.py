@@ -323,25 +323,28 @@ COLLECTIVES = Table(
     sort_key=("cpu_ts_ns", "eid"),
 )
 
-STEPS = Table(
-    "steps",
-    "ProfilerStep#N windows: the CPU annotation, the GPU work launched inside it, and the "
-    "step's extent on this rank.",
+PROFILER_STEPS = Table(
+    "profiler_steps",
+    "One row per ProfilerStep#N annotation of the rank: the facts the analysis view ``steps`` "
+    "tiles the rank's timeline from (docs/steps.md). The step of a GPU op is the annotation "
+    "its launch lies in (gpu_ops.step).",
     (
-        _c("step", I32, "N of ProfilerStep#N."),
-        _c("eid", I64, "eid of the ProfilerStep#N user_annotation."),
+        _c("step", I32, "N of ProfilerStep#N (the first annotation when N repeats)."),
+        _c("eid", I64, "eid of the ProfilerStep#N annotation (user_annotation; cpu_op in 2021)."),
         _c("tid", I64, "Thread of that annotation (the thread that drives the steps)."),
         _c("cpu_start_ns", I64, "Start of the annotation."),
-        _c("cpu_end_ns", I64, "End of the annotation."),
+        _c("cpu_end_ns", I64, "End of the annotation, NULL when it never ended."),
+        _c("finished", BOOL, "False for an annotation still open at trace end (args "
+           "finished=false, or a B with no E)."),
         _c("gpu_start_ns", I64, "First start of a GPU op launched inside the step, NULL when "
            "none."),
         _c("gpu_end_ns", I64, "Last end of a GPU op launched inside the step."),
-        _c("start_ns", I64, "cpu_start_ns."),
-        _c("end_ns", I64, "max(cpu_end_ns, gpu_end_ns): when the step's work is done."),
-        _c("dur_ns", I64, "end_ns - start_ns."),
         _c("n_gpu_ops", I64, "GPU ops launched inside the step."),
-        _c("complete", BOOL, "False for an annotation still open at trace end "
-           "(args finished=false or a B with no E)."),
+        _c("gpu_annotation_ns", I64, "Start of the GPU-side ProfilerStep#N annotation "
+           "(gpu_user_annotation), NULL when the trace has none."),
+        _c("gpu_first_eid", I64, "The step's first GPU op: the first to start at or after "
+           "gpu_annotation_ns on its device, else the earliest op launched inside the step."),
+        _c("gpu_first_ns", I64, "Start of gpu_first_eid: where the step begins on the GPU."),
     ),
     sort_key=("step",),
 )
@@ -364,7 +367,8 @@ INGEST_ISSUES = Table(
 )
 
 TABLES: tuple[Table, ...] = (
-    TRACE_FILES, EVENTS, GPU_OPS, FLOWS, COUNTERS, METADATA_EVENTS, TRACKS, COLLECTIVES, STEPS,
+    TRACE_FILES, EVENTS, GPU_OPS, FLOWS, COUNTERS, METADATA_EVENTS, TRACKS, COLLECTIVES,
+    PROFILER_STEPS,
     INGEST_ISSUES,
 )
 TABLES_BY_NAME = {t.name: t for t in TABLES}

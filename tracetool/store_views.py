@@ -28,7 +28,8 @@ def setup_sql(store: Path | str) -> str:
 
 # Version of the store's layout and tables; a store of another format is refused (re-ingest)
 # rather than read wrongly. Written to STORE/format.json by the first ingest.
-STORE_FORMAT = 1
+# 2: the steps table became profiler_steps (raw annotation facts; steps is an analysis view).
+STORE_FORMAT = 2
 
 
 class StoreFormatError(OSError):

@@ -40,7 +40,7 @@ FROM (SELECT *,  -- the function name, without template or call arguments
 -- job, rank, eid, name, tid: the op and its thread. ts_ns, end_ns, dur_ns: when, how long.
 -- depth, parent_eid: nesting on the thread. self_ns: dur_ns minus the time of its direct
 --   children (any kind) on the same thread. external_id, seq_nr: PyTorch ids.
--- step: ProfilerStep whose CPU window contains ts_ns (same rank), NULL outside steps.
+-- step: ProfilerStep whose CPU annotation contains ts_ns (same rank), NULL outside steps.
 CREATE OR REPLACE VIEW cpu_ops AS
 WITH child AS (
     SELECT job, rank, parent_eid AS eid, sum(dur_ns) AS child_ns
@@ -50,7 +50,7 @@ SELECT e.job, e.rank, e.eid, e.name, e.tid, e.ts_ns, e.end_ns, e.dur_ns, e.depth
        CASE WHEN e.ts_ns < coalesce(s.cpu_end_ns, 9223372036854775807) THEN s.step END AS step
 FROM events e
 LEFT JOIN child c USING (job, rank, eid)
-ASOF LEFT JOIN (SELECT job, rank, step, cpu_start_ns, cpu_end_ns FROM steps) s
+ASOF LEFT JOIN (SELECT job, rank, step, cpu_start_ns, cpu_end_ns FROM profiler_steps) s
   ON e.job = s.job AND e.rank = s.rank AND e.ts_ns >= s.cpu_start_ns
 WHERE e.kind = 'cpu_op';
 

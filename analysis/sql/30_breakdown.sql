@@ -1,52 +1,63 @@
--- @view step_intervals: the busy intervals a step breakdown is made of, clipped to the step.
--- job, rank, step: the step. s_ns, e_ns: a busy interval inside [start_ns, end_ns) of the step.
+-- @view breakdown_events: the events a step breakdown is made of, whole (not clipped).
+-- job, rank, eid: the event. ts_ns, end_ns: its interval.
 -- what: compute (non-communication kernels), comm (communication kernels), memcpy (memcpy
 --   and memset), cpu (top-level work on the thread that runs the step annotation, except
 --   device/stream/event synchronize calls, which wait for the GPU rather than feed it).
 --   On a rank without GPU ops (CPU-only, e.g. gloo) compute is top-level CPU ops on
---   non-gloo threads and comm is the gloo:* spans on the gloo threads.
-CREATE OR REPLACE VIEW step_intervals AS
-WITH st AS (SELECT job, rank, step, start_ns, end_ns FROM steps),
-cpu_only_ranks AS (SELECT job, rank FROM trace_files
-                   EXCEPT SELECT DISTINCT job, rank FROM gpu_ops),
-step_tid AS (SELECT DISTINCT job, rank, tid FROM steps),
+--   non-gloo threads (depth 0, or just under the step annotation) and comm is the gloo:*
+--   spans on the gloo threads. `tracetool replay` reads this view for its breakdown, so the
+--   measured and projected breakdowns are made of the same events.
+CREATE OR REPLACE VIEW breakdown_events AS
+WITH cpu_only_ranks AS (SELECT job, rank FROM trace_files
+                        EXCEPT SELECT DISTINCT job, rank FROM gpu_ops),
+step_tid AS (SELECT DISTINCT job, rank, tid FROM profiler_steps),
 gpu AS (
-    SELECT job, rank, ts_ns, end_ns,
+    SELECT job, rank, eid, ts_ns, end_ns,
            CASE WHEN kind IN ('memcpy', 'memset') THEN 'memcpy'
                 WHEN is_comm THEN 'comm' ELSE 'compute' END AS what
     FROM gpu_ops),
 cpu AS (  -- top-level work on the step's thread (depth 0, or just under the step annotation)
-    SELECT e.job, e.rank, e.ts_ns, e.end_ns, 'cpu' AS what
+    SELECT e.job, e.rank, e.eid, e.ts_ns, e.end_ns, 'cpu' AS what
     FROM events e JOIN step_tid t ON e.job = t.job AND e.rank = t.rank AND e.tid = t.tid
-    LEFT JOIN steps p ON p.job = e.job AND p.rank = e.rank AND p.eid = e.parent_eid
+    LEFT JOIN profiler_steps p ON p.job = e.job AND p.rank = e.rank AND p.eid = e.parent_eid
     WHERE e.depth <= 1 AND (e.depth = 0 OR p.eid IS NOT NULL) AND e.ph = 'X'
       AND e.kind IN ('cpu_op', 'user_annotation', 'cuda_runtime', 'cuda_driver',
                      'python_function')
       AND NOT starts_with(e.name, 'ProfilerStep#')
       AND e.name NOT LIKE '%Synchronize%' AND e.name NOT IN ('cudaMemcpy', 'hipMemcpy')),
 cpu_only AS (  -- ranks without GPU ops: CPU compute vs gloo transfer
-    SELECT e.job, e.rank, e.ts_ns, e.end_ns,
+    SELECT e.job, e.rank, e.eid, e.ts_ns, e.end_ns,
            CASE WHEN starts_with(e.name, 'gloo:') THEN 'comm' ELSE 'compute' END AS what
     FROM events e
     SEMI JOIN cpu_only_ranks c ON c.job = e.job AND c.rank = e.rank
     JOIN tracks t ON t.job = e.job AND t.rank = e.rank AND t.track_id = e.track_id
-    LEFT JOIN steps p ON p.job = e.job AND p.rank = e.rank AND p.eid = e.parent_eid
+    LEFT JOIN profiler_steps p ON p.job = e.job AND p.rank = e.rank AND p.eid = e.parent_eid
     WHERE e.ph = 'X' AND t.track_kind = 'cpu_thread'
       AND (starts_with(e.name, 'gloo:')
            OR (e.kind = 'cpu_op' AND NOT coalesce(t.thread_name, '') LIKE '%gloo%'
-               AND (e.depth = 0 OR p.eid IS NOT NULL)))),
-all_iv AS (SELECT * FROM gpu UNION ALL SELECT * FROM cpu UNION ALL SELECT * FROM cpu_only)
+               AND (e.depth = 0 OR p.eid IS NOT NULL))))
+SELECT * FROM gpu UNION ALL SELECT * FROM cpu UNION ALL SELECT * FROM cpu_only;
+
+-- @view step_intervals: the busy intervals of each step's breakdown: breakdown_events
+--   clipped to the rank's step (steps).
+-- job, rank, step: the step. s_ns, e_ns: a busy interval inside [start_ns, end_ns) of the
+--   step. what: as in breakdown_events.
+CREATE OR REPLACE VIEW step_intervals AS
 SELECT st.job, st.rank, st.step, greatest(a.ts_ns, st.start_ns) AS s_ns,
        least(a.end_ns, st.end_ns) AS e_ns, a.what
-FROM all_iv a JOIN st ON a.job = st.job AND a.rank = st.rank
- AND a.ts_ns < st.end_ns AND a.end_ns > st.start_ns;
+FROM breakdown_events a
+JOIN (SELECT job, rank, step, start_ns, end_ns FROM steps) st
+  ON a.job = st.job AND a.rank = st.rank AND a.ts_ns < st.end_ns AND a.end_ns > st.start_ns;
 
 -- @view step_breakdown: where each step's time went on each rank.
--- job, rank, step; dur_ns: the step (steps.dur_ns: CPU start to the end of its GPU work).
+-- job, rank, step; dur_ns: the rank's step (steps.dur_ns, a tile of the rank's timeline).
+-- complete: steps.complete (means over steps leave incomplete ones out).
 -- compute_ns, comm_ns, memcpy_ns: time with at least one such op running (union of
 --   intervals: ops overlapping on several streams count once).
 -- overlap_ns: time with compute and comm running together.
 -- exposed_comm_ns: comm_ns - overlap_ns, communication not hidden behind compute.
+-- exposed_memcpy_ns: copy time not hidden behind compute or communication. compute_ns +
+--   exposed_comm_ns + exposed_memcpy_ns + idle_ns = dur_ns: where the step went.
 -- idle_ns: dur_ns - time with any GPU op running (on CPU-only ranks: any compute or comm).
 -- cpu_bound_ns: idle time during which the step's CPU thread was busy (not synchronizing):
 --   the GPU waited for the CPU. NULL on CPU-only ranks.
@@ -78,14 +89,16 @@ unions AS (
            sum(seg) FILTER (WHERE n_comm > 0) AS comm,
            sum(seg) FILTER (WHERE n_memcpy > 0) AS memcpy,
            sum(seg) FILTER (WHERE n_compute > 0 AND n_comm > 0) AS both_,
+           sum(seg) FILTER (WHERE n_compute + n_comm > 0) AS compute_or_comm,
            sum(seg) FILTER (WHERE n_compute + n_comm + n_memcpy > 0) AS busy,
            sum(seg) FILTER (WHERE n_compute + n_comm + n_memcpy + n_cpu > 0) AS busy_cpu
     FROM sweep GROUP BY jh, rank, step),
 gpu_ranks AS (SELECT DISTINCT job, rank FROM gpu_ops)
-SELECT s.job, s.rank, s.step, s.dur_ns,
+SELECT s.job, s.rank, s.step, s.dur_ns, s.complete,
        coalesce(u.compute, 0)::BIGINT AS compute_ns, coalesce(u.comm, 0)::BIGINT AS comm_ns,
        coalesce(u.memcpy, 0)::BIGINT AS memcpy_ns, coalesce(u.both_, 0)::BIGINT AS overlap_ns,
        (coalesce(u.comm, 0) - coalesce(u.both_, 0))::BIGINT AS exposed_comm_ns,
+       (coalesce(u.busy, 0) - coalesce(u.compute_or_comm, 0))::BIGINT AS exposed_memcpy_ns,
        (s.dur_ns - coalesce(u.busy, 0))::BIGINT AS idle_ns,
        CASE WHEN g.rank IS NOT NULL
             THEN (coalesce(u.busy_cpu, 0) - coalesce(u.busy, 0))::BIGINT END AS cpu_bound_ns

@@ -18,11 +18,14 @@ from tracetool.cli._job import open_job
 @click.argument("store", type=click.Path(path_type=Path, file_okay=False))
 @click.option("--job", help="Job (needed when the store holds several).")
 @click.option("--step", type=int, help="One ProfilerStep (default: every complete step).")
+@click.option("--include-incomplete", is_flag=True,
+              help="Also the incomplete steps (cut by the trace window, open, or missing on "
+                   "some ranks; docs/steps.md).")
 @click.option("--chrome-trace", "chrome", type=click.Path(path_type=Path, dir_okay=False),
               help="Also write the events and the path as a Chrome trace (open in Perfetto).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
-def critical_path_command(store: Path, job: str | None, step: int | None, chrome: Path | None,
-                          as_json: bool) -> None:
+def critical_path_command(store: Path, job: str | None, step: int | None,
+                          include_incomplete: bool, chrome: Path | None, as_json: bool) -> None:
     """Compute the critical path of each step across threads, streams and ranks, and
     summarise it by kind (compute, comm, memcpy, launch_overhead, cpu, idle_wait) and by rank.
 
@@ -32,7 +35,7 @@ def critical_path_command(store: Path, job: str | None, step: int | None, chrome
         if step is not None and not con.execute(
                 "SELECT 1 FROM steps WHERE job = ? AND step = ?", [job, step]).fetchone():
             raise click.ClickException(f"{store}: job {job} has no ProfilerStep#{step}")
-        rel = critical_path(con, job, step)
+        rel = critical_path(con, job, step, include_incomplete=include_incomplete)
         cols = rel.columns
         segs = [dict(zip(cols, r, strict=True)) for r in rel.fetchall()]
         written = write_path_trace(con, job, segs, chrome) if chrome else None

@@ -14,8 +14,9 @@ import duckdb
 
 from tracetool.cli._job import open_job
 from tracetool.replay import model
-from tracetool.replay.compute import parse_speedup
-from tracetool.replay.model import Scenario, resolve_gpu
+from tracetool.replay.compute import CATEGORIES, WhatIfError, parse_speedup
+from tracetool.replay.hardware import Gpu, catalog_help
+from tracetool.replay.model import Scenario, check_speedups, resolve_gpu
 from tracetool.replay.network import Network, parse_network
 
 if TYPE_CHECKING:
@@ -33,35 +34,71 @@ def _spec(text: str) -> str:
     return text
 
 
+GPU_HELP = catalog_help()  # built from replay/gpus/*.toml
+
+
 def scenario_options(fn: Callable) -> Callable:
     """The what-if options shared by replay and sweep."""
     for opt in reversed([
         click.option("--job", help="Job (needed when the store holds several)."),
-        click.option("--source-gpu", help="GPU the trace ran on (default: deviceProperties)."),
+        click.option("--source-gpu", help=f"GPU the trace ran on: {GPU_HELP} (default: "
+                                          "deviceProperties)."),
         click.option("--source-network", help="Network the trace ran on: key=value,... or a "
                      "TOML file (default: the source GPU's usual cluster; required for CPU "
                      "traces)."),
         click.option("--speedup", "speedups", multiple=True,
-                     help="Divide matching kernel times: CATEGORY=F or name~REGEX=F "
-                          "(repeatable; e.g. gemm=1.5, name~flash=2)."),
+                     help="Divide matching GPU op times: CATEGORY=F (one of "
+                          f"{', '.join(CATEGORIES)}; case-insensitive) or name~REGEX=F "
+                          "(repeatable; e.g. gemm=1.5, name~flash=2). One matching no GPU "
+                          "op of the job is an error."),
+        click.option("--include-incomplete", is_flag=True,
+                     help="Also the incomplete steps (cut by the trace window, open, or "
+                          "missing on some ranks; docs/steps.md)."),
     ]):
         fn = opt(fn)
     return fn
 
 
+def gpu_option(option: str, text: str) -> Gpu:
+    """The catalog GPU ``option`` names (``WhatIfError`` naming the option otherwise)."""
+    try:
+        return resolve_gpu(text)
+    except WhatIfError as err:
+        raise WhatIfError(f"{option}: {err}") from None
+
+
+def parse_whatifs(source_gpu: str | None, speedups: tuple[str, ...],
+                  gpus: tuple[str, ...] = ()) -> None:
+    """Check the what-if values that need no store, before the graph is built: --source-gpu,
+    each --gpu, each --speedup (``WhatIfError``)."""
+    if source_gpu:
+        gpu_option("--source-gpu", source_gpu)
+    for g in gpus:
+        gpu_option("--gpu", g)
+    for s in speedups:
+        parse_speedup(s)
+
+
 def base_scenario(replayer: Replayer, source_gpu: str | None, source_net: str | None,
                   speedups: tuple[str, ...]) -> Scenario:
-    """The scenario the what-ifs start from: source overrides and speedups."""
+    """The scenario the what-ifs start from: source overrides and speedups (each checked to
+    change some GPU op of the replayer's job)."""
+    parsed = tuple(parse_speedup(s) for s in speedups)
+    check_speedups(replayer.graph, parsed)
     return Scenario(
-        source_gpu=resolve_gpu(source_gpu) if source_gpu else None,
+        source_gpu=gpu_option("--source-gpu", source_gpu) if source_gpu else None,
         source_network=parse_network(_spec(source_net)) if source_net else None,
-        speedups=tuple(parse_speedup(s) for s in speedups))
+        speedups=parsed)
 
 
 def fail(store: Path, err: Exception) -> None:
-    """One line on stderr, exit 1."""
+    """One line on stderr; exit 2 for a what-if input that names or changes nothing (a usage
+    error, as click's), 1 for the rest."""
     if isinstance(err, click.ClickException):
         click.echo(f"tracetool: error: {err.message}", err=True)
+    elif isinstance(err, WhatIfError):
+        click.echo(f"tracetool: error: {str(err).strip().splitlines()[0]}", err=True)
+        sys.exit(2)
     else:
         click.echo(f"tracetool: error: {store}: {str(err).strip().splitlines()[0]}", err=True)
     sys.exit(1)
@@ -71,8 +108,7 @@ def fail(store: Path, err: Exception) -> None:
 @click.argument("store", type=click.Path(path_type=Path, file_okay=False))
 @scenario_options
 @click.option("--step", type=int, help="One ProfilerStep (default: every complete step).")
-@click.option("--gpu", help="Project onto this GPU (v100, a100, h100, h200, b200, mi250x, "
-                            "mi300x).")
+@click.option("--gpu", help=f"Project onto this GPU: {GPU_HELP}.")
 @click.option("--network", help="Project onto this network: key=value,... (gpus_per_node, "
                                 "intra_node_bw, inter_node_bw, ..._latency, ranks_per_dc, "
                                 "dc_bw, dc_latency; units like 400Gbit/s, 5us) or a TOML file.")
@@ -84,24 +120,28 @@ def fail(store: Path, err: Exception) -> None:
 @click.option("--plot", type=click.Path(path_type=Path, dir_okay=False),
               help="Write a PNG: measured vs projected step time by breakdown.")
 def replay_command(store: Path, job: str | None, source_gpu: str | None,
-                   source_network: str | None, speedups: tuple[str, ...], step: int | None,
-                   gpu: str | None, network: str | None, dp_scale: int, as_json: bool,
-                   chrome: Path | None, plot: Path | None) -> None:
+                   source_network: str | None, speedups: tuple[str, ...],
+                   include_incomplete: bool, step: int | None, gpu: str | None,
+                   network: str | None, dp_scale: int, as_json: bool, chrome: Path | None,
+                   plot: Path | None) -> None:
     """Replay a job's dependency graph with new kernel and collective durations and print
     measured vs projected step time per step, the projected breakdown, the projected
     critical path and an uncertainty band. With no what-if it replays the trace as measured
     (identity).
 
-    Exit code 0, or 1 on a bad store, job, step or setting (one line on stderr)."""
+    Exit code 0; 2 on a what-if that names or changes nothing: a --gpu / --source-gpu not in
+    the catalog, a --speedup with an unknown category or one matching no GPU op of the job;
+    1 on a bad store, job, step or other setting (one line on stderr)."""
     from tracetool.replay.run import BREAKDOWN, Replayer  # loads the compiler: only here
 
     try:
+        parse_whatifs(source_gpu, speedups, (gpu,) if gpu else ())
         con, job = open_job(store, job)
         replayer = Replayer.from_store(con, job)
         sc = base_scenario(replayer, source_gpu, source_network, speedups)
         label = []
         if gpu:
-            sc = replace(sc, gpu=resolve_gpu(gpu))
+            sc = replace(sc, gpu=gpu_option("--gpu", gpu))
             label.append(f"gpu={sc.gpu.key}")
         if network:
             base = model.source_network(replayer.graph, sc) or Network()
@@ -112,7 +152,7 @@ def replay_command(store: Path, job: str | None, source_gpu: str | None,
             label.append(f"dp_scale={dp_scale}")
         label += [f"speedup {s}" for s in speedups]
         sc = replace(sc, label=", ".join(label) or "identity")
-        result = replayer.run(sc)
+        result = replayer.run(sc, include_incomplete=include_incomplete)
         if step is not None:
             result.steps = [s for s in result.steps if s.step == step]
             if not result.steps:

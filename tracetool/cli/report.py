@@ -20,7 +20,11 @@ from tracetool.analysis.report import StoreError, first_line, make_report, open_
 @click.option("--job", help="Job to report on (needed when the store holds several).")
 @click.option("--json", "as_json", is_flag=True,
               help="Print the summary as one JSON object instead of text.")
-def report_command(store: Path, out: Path, job: str | None, as_json: bool) -> None:
+@click.option("--include-incomplete", is_flag=True,
+              help="Also the incomplete steps (cut by the trace window, open, or missing on "
+                   "some ranks; docs/steps.md) in the statistics and the critical path.")
+def report_command(store: Path, out: Path, job: str | None, as_json: bool,
+                   include_incomplete: bool) -> None:
     """Summarise one job of STORE: step times per rank, where a step goes (compute, exposed
     communication, memcpy, idle), the top kernels (top CPU ops for a CPU-only job), the
     collectives and how long ranks waited at them, and the critical path when
@@ -35,7 +39,8 @@ def report_command(store: Path, out: Path, job: str | None, as_json: bool) -> No
     # in a reference cycle crashes forked processes (ingest's workers) that collect it.
     with con:
         try:
-            report = make_report(con, job, out, store=store)
+            report = make_report(con, job, out, store=store,
+                                 include_incomplete=include_incomplete)
         except (duckdb.Error, OSError) as err:
             _fail(f"{store}: {first_line(err)}")
     click.echo(to_json(report.summary) if as_json else report.text(), nl=as_json)

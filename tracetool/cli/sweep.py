@@ -11,7 +11,7 @@ import click
 import duckdb
 
 from tracetool.cli._job import open_job
-from tracetool.cli.replay import base_scenario, fail, scenario_options
+from tracetool.cli.replay import GPU_HELP, base_scenario, fail, parse_whatifs, scenario_options
 from tracetool.replay.plots import plot_sweep
 
 
@@ -21,19 +21,23 @@ from tracetool.replay.plots import plot_sweep
 @click.option("--network", "axes", multiple=True,
               help="A network axis key=v1,v2,... (e.g. inter_node_bw=25,50,100Gbit/s); "
                    "repeat for a grid.")
-@click.option("--gpu", "gpus", help="GPUs to project onto, comma-separated (an axis).")
+@click.option("--gpu", "gpus", help=f"GPUs to project onto, comma-separated (an axis), each "
+                                     f"{GPU_HELP}.")
 @click.option("--dp-scale", "dp_scales", help="Data-parallel scales, comma-separated (an axis).")
 @click.option("--out", type=click.Path(path_type=Path, file_okay=False), default=Path("sweep"),
               show_default=True, help="Directory for sweep.csv and sweep.png.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def sweep_command(store: Path, job: str | None, source_gpu: str | None,
-                  source_network: str | None, speedups: tuple[str, ...], axes: tuple[str, ...],
-                  gpus: str | None, dp_scales: str | None, out: Path, as_json: bool) -> None:
+                  source_network: str | None, speedups: tuple[str, ...],
+                  include_incomplete: bool, axes: tuple[str, ...], gpus: str | None,
+                  dp_scales: str | None, out: Path, as_json: bool) -> None:
     """Evaluate a grid of settings against one built graph: a table (sweep.csv) and a PNG
     (sweep.png: step time against the setting, stacked by compute / memcpy / exposed comm /
     idle).
 
-    Exit code 0, or 1 on a bad store, job or setting (one line on stderr)."""
+    Exit code 0; 2 on a what-if that names or changes nothing: a --gpu entry or --source-gpu
+    not in the catalog, a --speedup with an unknown category or one matching no GPU op of
+    the job; 1 on a bad store, job or other setting (one line on stderr)."""
     from tracetool.replay.run import Replayer  # loads the compiler: only here
     from tracetool.replay.sweep import sweep
 
@@ -49,11 +53,13 @@ def sweep_command(store: Path, job: str | None, source_gpu: str | None,
                 scales = [0]
             if min(scales) < 1:
                 raise click.ClickException(f"bad --dp-scale {dp_scales!r}: integers >= 1")
+        gpu_list = [g.strip() for g in gpus.split(",")] if gpus else []
+        parse_whatifs(source_gpu, speedups, tuple(gpu_list))
         con, job = open_job(store, job)
         replayer = Replayer.from_store(con, job)
         base = base_scenario(replayer, source_gpu, source_network, speedups)
-        rows = sweep(replayer, base, list(axes),
-                     [g.strip() for g in gpus.split(",")] if gpus else None, scales)
+        rows = sweep(replayer, base, list(axes), gpu_list or None, scales,
+                     include_incomplete=include_incomplete)
         con.close()
         out.mkdir(parents=True, exist_ok=True)
         table, png = out / "sweep.csv", out / "sweep.png"

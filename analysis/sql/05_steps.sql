@@ -1,0 +1,105 @@
+-- Steps: the one definition every command uses (docs/steps.md has the rules and a worked
+-- example). Two objects: `steps`, per rank, and `job_steps`, the synchronised iteration across
+-- the ranks of a job. Both tile the timeline: no overlap, and the durations add up to the span
+-- from the first step's start to the last step's end.
+
+-- @view steps: each rank's ProfilerStep#N as a tile of its timeline (per rank).
+-- job, rank, step: the step (N of ProfilerStep#N). eid, tid: its CPU annotation and thread.
+-- side: which starts the boundaries between this rank's steps are taken at: 'gpu' when the
+--   GPU lags the CPU on this rank (some step's GPU work ends after the next step's CPU
+--   start), so each step's GPU work lies in that step; else 'cpu'.
+-- start_ns, end_ns, dur_ns: the tile. The first step starts at its earliest event (CPU
+--   annotation or GPU op), every later one at its start on `side` (profiler_steps.gpu_first_ns,
+--   or cpu_start_ns when the step has no GPU op), never before the previous step's start;
+--   each step ends where the next one starts, the last at its latest event, CPU or GPU.
+--   dur_ns is the iteration period: what a wall clock around the training loop measures.
+-- start_eid: the event whose start is start_ns before the never-before-the-previous clamp
+--   (the CPU annotation or the GPU op); the replay projects the same point.
+-- cpu_start_ns, cpu_end_ns, gpu_start_ns, gpu_end_ns, gpu_first_ns, n_gpu_ops: the raw
+--   facts (profiler_steps).
+-- complete, incomplete_reason: FALSE with a reason for a step that does not show a whole
+--   iteration: 'open' (its annotation never ended), 'cut' (the rank's last step, with fewer
+--   than half the GPU ops of the rank's other steps: the trace window stopped mid-step),
+--   'not_on_all_ranks' (some rank of the job has no such step). Means, medians, the report
+--   and the critical-path summary leave incomplete steps out.
+CREATE OR REPLACE VIEW steps AS
+WITH p AS (
+    SELECT *,
+           lead(cpu_start_ns) OVER w AS next_cpu_start_ns,
+           row_number() OVER w AS i, count(*) OVER (PARTITION BY job, rank) AS n
+    FROM profiler_steps WINDOW w AS (PARTITION BY job, rank ORDER BY step)),
+side AS (
+    SELECT job, rank, coalesce(bool_or(gpu_end_ns > next_cpu_start_ns), FALSE) AS gpu_lags
+    FROM p GROUP BY job, rank),
+raw AS (
+    SELECT p.*, CASE WHEN s.gpu_lags THEN 'gpu' ELSE 'cpu' END AS side,
+           CASE WHEN p.i = 1 AND p.gpu_first_ns < p.cpu_start_ns THEN p.gpu_first_ns
+                WHEN p.i = 1 THEN p.cpu_start_ns
+                WHEN s.gpu_lags THEN coalesce(p.gpu_first_ns, p.cpu_start_ns)
+                ELSE p.cpu_start_ns END AS raw_start_ns,
+           CASE WHEN p.i = 1 AND p.gpu_first_ns < p.cpu_start_ns THEN p.gpu_first_eid
+                WHEN p.i = 1 THEN p.eid
+                WHEN s.gpu_lags THEN coalesce(p.gpu_first_eid, p.eid)
+                ELSE p.eid END AS start_eid
+    FROM p JOIN side s USING (job, rank)),
+tiled AS (
+    SELECT *, max(raw_start_ns) OVER (PARTITION BY job, rank ORDER BY step
+                                      ROWS UNBOUNDED PRECEDING) AS start_ns
+    FROM raw),
+ended AS (
+    SELECT *, coalesce(lead(start_ns) OVER (PARTITION BY job, rank ORDER BY step),
+                       greatest(start_ns, cpu_end_ns, gpu_end_ns, cpu_start_ns)) AS end_ns
+    FROM tiled),
+job_ranks AS (SELECT job, count(DISTINCT rank) AS n_ranks FROM trace_files GROUP BY job),
+step_ranks AS (SELECT job, step, count(*) AS n_ranks FROM profiler_steps GROUP BY job, step)
+SELECT e.job, e.rank, e.step, e.eid, e.tid, e.side, e.start_ns, e.end_ns,
+       e.end_ns - e.start_ns AS dur_ns, e.start_eid, e.cpu_start_ns, e.cpu_end_ns,
+       e.gpu_start_ns, e.gpu_end_ns, e.gpu_first_ns, e.n_gpu_ops,
+       r.reason IS NULL AS complete, r.reason AS incomplete_reason
+FROM ended e
+JOIN job_ranks j USING (job)
+JOIN step_ranks sr USING (job, step)
+CROSS JOIN LATERAL (SELECT CASE
+    WHEN NOT e.finished THEN 'open'
+    WHEN e.i = e.n AND e.n > 1 AND e.n_gpu_ops < 0.5 * (
+             SELECT median(q.n_gpu_ops) FROM profiler_steps q
+             WHERE q.job = e.job AND q.rank = e.rank AND q.step <> e.step)
+         THEN 'cut'
+    WHEN sr.n_ranks < j.n_ranks THEN 'not_on_all_ranks' END AS reason) r;
+
+-- @view job_steps: the job-wide step: iteration N as the whole job ran it (one row per job
+--   and step). Times on the ranks' recorded clocks (ranks of one host share one; across
+--   hosts NTP keeps them within tens of microseconds).
+-- job, step. n_ranks: ranks that have the step.
+-- start_ns, end_ns, dur_ns: the tile. Iteration N is done when the last rank has started
+--   iteration N + 1, so the boundary between two job steps is the latest of the ranks'
+--   boundaries (steps.start_ns); the first step starts at the earliest rank's start and the
+--   last ends at the latest rank's end. Job steps tile the job's span like steps tile a
+--   rank's. This is what `tracetool replay` calls the measured step.
+-- mean_rank_dur_ns: mean over the ranks of steps.dur_ns (what step_breakdown splits).
+-- complete, incomplete_reason: FALSE when any rank's step is incomplete (its reason; 'open'
+--   before 'cut' before 'not_on_all_ranks').
+CREATE OR REPLACE VIEW job_steps AS
+WITH s AS (
+    SELECT job, step, count(*) AS n_ranks, min(start_ns) AS first_start_ns,
+           max(start_ns) AS last_start_ns, max(end_ns) AS last_end_ns,
+           avg(dur_ns) AS mean_rank_dur_ns, bool_and(complete) AS complete,
+           min(CASE incomplete_reason WHEN 'open' THEN 1 WHEN 'cut' THEN 2
+                                      WHEN 'not_on_all_ranks' THEN 3 END) AS reason_code
+    FROM steps GROUP BY job, step),
+raw AS (
+    SELECT *, CASE WHEN row_number() OVER (PARTITION BY job ORDER BY step) = 1
+                   THEN first_start_ns ELSE last_start_ns END AS raw_start_ns
+    FROM s),
+tiled AS (
+    SELECT *, max(raw_start_ns) OVER (PARTITION BY job ORDER BY step
+                                      ROWS UNBOUNDED PRECEDING) AS start_ns
+    FROM raw),
+ended AS (
+    SELECT *, coalesce(lead(start_ns) OVER (PARTITION BY job ORDER BY step),
+                       greatest(start_ns, last_end_ns)) AS end_ns
+    FROM tiled)
+SELECT job, step, n_ranks, start_ns, end_ns, end_ns - start_ns AS dur_ns,
+       mean_rank_dur_ns, complete,
+       ['open', 'cut', 'not_on_all_ranks'][reason_code] AS incomplete_reason
+FROM ended;

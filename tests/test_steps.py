@@ -1,0 +1,153 @@
+"""One step definition (docs/steps.md) everywhere: every command prints the same step times
+for the same steps, and incomplete steps are flagged with their reason and left out."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+import tracetool
+from tracetool.ingest.pipeline import Options, ingest
+from tracetool.numbers import round_ns
+
+from ._util import REPO, SAMPLES, SHARED_TRACES, run
+
+MULTI_RANK = {
+    "dlrm": SHARED_TRACES / "facebookresearch__param/et_replay/tests/inputs/dlrm_kineto/"
+                            "dlrm_kineto",
+    "bert_ddp": SHARED_TRACES / "gaoteng-git__kineto/tb_plugin/test/data/tracing/"
+                                "bert_newAPI_fp16_ddp",
+    "trace_filter": SHARED_TRACES / "facebookresearch__HolisticTraceAnalysis/tests/data/"
+                                    "trace_filter",
+}
+LOCAL = {"gloo": SAMPLES, "netlab_1gbit": REPO / "sample_traces" / "netlab" / "bw_1gbit"}
+GLOO_NET = "gpus_per_node=1,inter_node_bw=1Gbit/s"
+DF_INDEX = (SHARED_TRACES / "facebookresearch__HolisticTraceAnalysis/tests/data/"
+            "df_index_resolver/df_index_resolver.json.gz")
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    s = tmp_path_factory.mktemp("steps") / "store"
+    jobs = dict(LOCAL)
+    if SHARED_TRACES.is_dir():
+        jobs.update(MULTI_RANK)
+    for job, d in jobs.items():
+        res = ingest([d], Options(store=s, job=job, workers=2))
+        assert len(res) >= 2 and all(r.status == "ingested" for r in res), res
+    return s
+
+
+def _json(*args: object) -> dict:
+    code, out, err = run(*args, "--json")
+    assert code == 0, err
+    return json.loads(out)
+
+
+@pytest.mark.parametrize("job", [*LOCAL, *MULTI_RANK])
+def test_every_command_prints_the_same_step_times(store: Path, job: str) -> None:
+    if job in MULTI_RANK and not SHARED_TRACES.is_dir():
+        pytest.skip(f"real trace corpus not found at {SHARED_TRACES}")
+    con = tracetool.connect(store)
+    want = dict(con.execute("SELECT step, dur_ns FROM job_steps WHERE job = ? AND complete",
+                            [job]).fetchall())
+    assert want and con.execute(  # the ranks' steps are not the job's (the ranks differ)
+        "SELECT count(DISTINCT rank) FROM steps WHERE job = ?", [job]).fetchone()[0] >= 2
+    net = ["--source-network", GLOO_NET] if job in LOCAL else []
+    report = _json("report", store, "--job", job, "--out", store.parent / f"rep_{job}")
+    assert {r["step"]: r["dur_ns"] for r in report["job_steps"]} == want
+    cp = _json("critical-path", store, "--job", job)
+    assert {s["step"]: s["dur_ns"] for s in cp["steps"]} == want
+    rp = _json("replay", store, "--job", job, *net)
+    assert {s["step"]: s["measured_step_ns"] for s in rp["steps"]} == want
+    assert {s["step"]: s["projected_step_ns"] for s in rp["steps"]} == want
+    diff = _json("diff", store, store, "--job-a", job, "--job-b", job)
+    assert {r["step"]: r["dur_ns"] for r in diff["a"]["job_steps"]} == want
+    median = sorted(want.values())[(len(want) - 1) // 2: len(want) // 2 + 1]
+    step_time = next(m for m in diff["metrics"] if m["metric"] == "step_time")
+    assert step_time["a_ns"] == round_ns(sum(median) / len(median))
+    # the replay's measured breakdown is step_breakdown's mean over ranks, and the report's
+    # per-rank breakdown is step_breakdown's mean over steps
+    bd = {r[0]: r[1:] for r in con.execute(
+        """SELECT step, round(avg(compute_ns)), round(avg(exposed_comm_ns)),
+                  round(avg(idle_ns)), round(avg(dur_ns))
+           FROM step_breakdown WHERE job = ? AND complete GROUP BY step""", [job]).fetchall()}
+    for s in rp["steps"]:
+        m = s["measured_breakdown_ns"]
+        assert (m["compute"], m["exposed_comm"], m["idle"], m["dur_ns"]) == bd[s["step"]]
+    per_rank = {r[0]: r[1] for r in con.execute(
+        """SELECT rank, round(avg(dur_ns)) FROM step_breakdown WHERE job = ? AND complete
+           GROUP BY rank""", [job]).fetchall()}
+    assert {r["rank"]: r["dur_ns"] for r in report["breakdown"]} == per_rank
+
+
+def _cut_trace(src: Path, dst: Path) -> int:
+    """A copy of ``src`` whose GPU events stop halfway through its last step's GPU work (as
+    when the profiler's window closes mid-step); returns the last step's number."""
+    doc = json.loads(gzip.open(src).read())
+    evs = doc["traceEvents"]
+    steps = [(int(m.group(1)), e) for e in evs
+             if e.get("ph") == "X" and e.get("cat") == "user_annotation"
+             and (m := re.fullmatch(r"ProfilerStep#(\d+)", e.get("name", "")))]
+    last, ann = max(steps, key=lambda s: s[0])
+    cut = ann["ts"] + ann["dur"] / 4
+    doc["traceEvents"] = [e for e in evs if not (
+        e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset") and e.get("ts", 0) > cut)]
+    dst.write_text(json.dumps(doc))
+    return last
+
+
+@pytest.mark.skipif(not SHARED_TRACES.is_dir(), reason="real trace corpus not found")
+def test_a_step_cut_by_the_trace_window_is_flagged_and_left_out(tmp_path: Path) -> None:
+    trace = tmp_path / "cut.json"
+    last = _cut_trace(DF_INDEX, trace)
+    s = tmp_path / "store"
+    assert ingest([trace], Options(store=s, job="cut", rank=0))[0].status == "ingested"
+    con = tracetool.connect(s)
+    rows = con.execute("SELECT step, n_gpu_ops, complete, incomplete_reason FROM steps "
+                       "ORDER BY step").fetchall()
+    assert [r[0] for r in rows][-1] == last
+    full = {r[1] for r in rows[:-1]}
+    assert len(full) == 1 and rows[-1][1] < 0.5 * full.pop()
+    assert [(r[2], r[3]) for r in rows] == [(True, None)] * (len(rows) - 1) + [(False, "cut")]
+    assert con.execute("SELECT complete, incomplete_reason FROM job_steps WHERE step = ?",
+                       [last]).fetchone() == (False, "cut")
+    report = _json("report", s, "--out", tmp_path / "rep")
+    assert [r["step"] for r in report["incomplete_steps"]] == [last]
+    assert last not in [r["step"] for r in report["job_steps"]]
+    assert report["steps"][0]["n_steps"] == len(rows) - 1
+    code, text, _ = run("report", s, "--out", tmp_path / "rep")
+    assert f"Left out: step {last} (cut," in text
+    assert last not in [x["step"] for x in _json("critical-path", s)["steps"]]
+    assert last in [x["step"] for x in _json("critical-path", s, "--include-incomplete")
+                    ["steps"]]
+    assert last not in [x["step"] for x in _json("replay", s)["steps"]]
+    steps = _json("replay", s, "--include-incomplete")["steps"]
+    assert [(x["step"], x["complete"]) for x in steps][-1] == (last, False)
+    report = _json("report", s, "--out", tmp_path / "rep", "--include-incomplete")
+    assert report["steps"][0]["n_steps"] == len(rows) and not report["incomplete_steps"]
+
+
+def test_a_step_missing_on_a_rank_is_flagged(tmp_path: Path) -> None:
+    """Rank 1's trace of the gloo sample without its first ProfilerStep: that job step is
+    incomplete (not_on_all_ranks) on both ranks, the others are not."""
+    d = tmp_path / "job"
+    d.mkdir()
+    for src in sorted(SAMPLES.glob("*.json.gz")):
+        doc = json.loads(gzip.open(src).read())
+        if doc["distributedInfo"]["rank"] == 1:
+            doc["traceEvents"] = [e for e in doc["traceEvents"]
+                                  if e.get("name") != "ProfilerStep#2"]
+        (d / src.name.removesuffix(".gz")).write_text(json.dumps(doc))
+    s = tmp_path / "store"
+    assert all(r.status == "ingested" for r in ingest([d], Options(store=s, job="j")))
+    con = tracetool.connect(s)
+    assert con.execute("SELECT step, n_ranks, complete, incomplete_reason FROM job_steps "
+                       "ORDER BY step").fetchall() == [
+        (2, 1, False, "not_on_all_ranks"), (3, 2, True, None), (4, 2, True, None)]
+    assert con.execute("SELECT rank, step FROM steps WHERE NOT complete").fetchall() == [
+        (0, 2)]
