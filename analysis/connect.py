@@ -23,6 +23,11 @@ def view_files() -> list[tuple[str, str]]:
     return [(f.name, f.read_text()) for f in files]
 
 
+def sql_file(name: str) -> str:
+    """The text of one file of analysis/sql (e.g. the interval union the replay shares)."""
+    return resources.files("tracetool.analysis").joinpath("sql", name).read_text()
+
+
 def setup_sql(store: Path | str) -> str:
     """All the SQL that defines the tables' views and the analysis views over ``store``
     (paste into the DuckDB CLI)."""

@@ -18,6 +18,7 @@ from typing import Any
 
 import duckdb
 
+from tracetool.analysis.collectives import collective_warnings
 from tracetool.analysis.connect import connect
 from tracetool.numbers import round_ns
 
@@ -112,6 +113,7 @@ def summarize(con: duckdb.DuckDBPyConnection, job: str, include_incomplete: bool
         "breakdown": breakdown(con, job, include_incomplete),
         "top": top_kernels(con, job) if has_kernels else top_cpu_ops(con, job),
         "collectives": collectives(con, job),
+        "warnings": collective_warnings(con, job),  # how well collectives matched
     }
 
 
@@ -201,26 +203,33 @@ def collectives(con: duckdb.DuckDBPyConnection, job: str) -> dict[str, Any]:
 
 def critical_path_segments(con: duckdb.DuckDBPyConnection, job: str,
                            include_incomplete: bool = False
-                           ) -> tuple[list[dict[str, Any]], str | None]:
-    """(segments, None) from ``tracetool.analysis.critical_path``, or ([], why not).
+                           ) -> tuple[duckdb.DuckDBPyRelation | None, str | None]:
+    """(the path's segments as a relation, None) from ``tracetool.analysis.critical_path``,
+    or (None, why not). The rows stay in DuckDB: the summary and the chart aggregate them
+    there.
 
     That module is optional and developed separately, so any failure to import it or to run
     it on this store makes the chart unavailable rather than failing the report."""
     try:
         cp = importlib.import_module("tracetool.analysis.critical_path")
     except Exception as err:  # ImportError, or a module that breaks while importing
-        return [], f"tracetool.analysis.critical_path is not available ({first_line(err)})"
+        return None, f"tracetool.analysis.critical_path is not available ({first_line(err)})"
     try:
-        segs = _records(cp.critical_path(con, job, include_incomplete=include_incomplete))
+        path = cp.critical_path(con, job, include_incomplete=include_incomplete)
+        if not isinstance(path, duckdb.DuckDBPyRelation):  # a frame or rows: into DuckDB
+            import pyarrow as pa
+
+            path = con.from_arrow(pa.Table.from_pylist(_records(path)))
+        missing = {"rank", "start_ns", "end_ns", "kind"} - set(path.columns)
+        empty = not missing and not path.limit(1).fetchall()
     except Exception as err:  # its failure on this store must not fail the report
-        return [], f"critical_path() failed on this store: {type(err).__name__}: " \
-                   f"{first_line(err)}"
-    if not segs:
-        return [], "critical_path() found no path in this job"
-    missing = {"rank", "start_ns", "end_ns", "kind"} - set(segs[0])
+        return None, f"critical_path() failed on this store: {type(err).__name__}: " \
+                     f"{first_line(err)}"
     if missing:
-        return [], f"critical_path() rows lack {', '.join(sorted(missing))}"
-    return segs, None
+        return None, f"critical_path() rows lack {', '.join(sorted(missing))}"
+    if empty:
+        return None, "critical_path() found no path in this job"
+    return path, None
 
 
 def _records(obj: Any) -> list[dict[str, Any]]:
@@ -245,17 +254,32 @@ def _records(obj: Any) -> list[dict[str, Any]]:
     return out
 
 
-def summarize_path(segs: list[dict[str, Any]]) -> dict[str, Any]:
-    """Segments, covered time and time per kind of a critical path (for text and JSON)."""
-    by_kind: dict[str, int] = {}
-    for s in segs:
-        k = str(s.get("kind"))
-        by_kind[k] = by_kind.get(k, 0) + int(s["end_ns"] - s["start_ns"])
-    return {"segments": len(segs),
-            "steps": sorted({s["step"] for s in segs if s.get("step") is not None}),
-            "dur_ns": sum(by_kind.values()),
-            "by_kind": [{"kind": k, "dur_ns": v} for k, v in
-                        sorted(by_kind.items(), key=lambda kv: -kv[1])]}
+def _path_columns(path: duckdb.DuckDBPyRelation) -> str:
+    """The columns the summary and the chart read, as a select list (``step`` and ``seq``
+    are optional: NULL when the rows have none; ``kind`` as text, 'None' when NULL)."""
+    cols = set(path.columns)
+    return ", ".join([
+        "step" if "step" in cols else "NULL::INTEGER AS step",
+        "seq" if "seq" in cols else "NULL::BIGINT AS seq",
+        "rank", "coalesce(kind::VARCHAR, 'None') AS kind", "start_ns", "end_ns"])
+
+
+def summarize_path(path: duckdb.DuckDBPyRelation) -> dict[str, Any]:
+    """Segments, covered time and time per kind of a critical path (for text and JSON), in
+    one aggregate query over its segments. Kinds by time, longest first (ties: in order of
+    first appearance on the path)."""
+    (n, steps, by_kind), = path.query("_cp_path", f"""
+        WITH p AS (SELECT {_path_columns(path)} FROM _cp_path),
+        k AS (SELECT kind, sum(end_ns - start_ns)::BIGINT AS ns, min((step, seq)) AS first
+              FROM p GROUP BY kind)
+        SELECT (SELECT count(*) FROM p),
+               (SELECT list(DISTINCT step ORDER BY step) FILTER (WHERE step IS NOT NULL)
+                FROM p),
+               (SELECT list(struct_pack(kind := kind, dur_ns := ns)
+                            ORDER BY ns DESC, first, kind) FROM k)""").fetchall()
+    by_kind = by_kind or []
+    return {"segments": n, "steps": steps or [], "dur_ns": sum(k["dur_ns"] for k in by_kind),
+            "by_kind": [{"kind": k["kind"], "dur_ns": k["dur_ns"]} for k in by_kind]}
 
 
 # -------------------------------------------------------------------------------- the charts
@@ -345,34 +369,100 @@ def chart_skew(con: duckdb.DuckDBPyConnection, job: str, summary: dict[str, Any]
     _save(fig, path)
 
 
-def chart_critical_path(segs: list[dict[str, Any]], job: str, path: Path) -> None:
-    """Timeline of the critical path: one lane per rank, segments coloured by kind."""
+CHART_COLUMNS = 1200  # the critical path chart is 12 in at 100 dpi: at most 1,200 px across
+
+
+def critical_path_bars(path: duckdb.DuckDBPyRelation, columns: int = CHART_COLUMNS
+                       ) -> dict[str, Any]:
+    """What the critical path chart draws, aggregated in DuckDB so its cost is bounded by the
+    picture, not by the number of segments.
+
+    The path's span is cut into ``columns`` equal columns (each at most a pixel wide).
+    A segment at least a column wide is one bar, as it is. The narrower ones are merged per
+    rank, column and kind into one bar as long as their summed time, the kinds of a column
+    placed side by side from the column's first narrow segment on: every kind keeps its
+    exact total time on every lane, and a merged bar is off from where its time was by less
+    than two columns. Returns t0_ns (the path's start), span_ns, column_ns, ranks (lanes,
+    None last), kinds (sorted), steps_ns (each step's start, in step order), and per bar
+    numpy arrays lane, kind (index into kinds), start_ns (after t0), dur_ns, merged."""
+    import numpy as np
+
+    cols = _path_columns(path)
+    (t0, t1, ranks, no_rank, kinds, step_starts), = path.query("_cp_path", f"""
+        WITH p AS (SELECT {cols} FROM _cp_path),
+        s AS (SELECT step, min(start_ns) AS t FROM p GROUP BY step)
+        SELECT min(start_ns), max(end_ns),
+               list(DISTINCT rank ORDER BY rank) FILTER (WHERE rank IS NOT NULL),
+               bool_or(rank IS NULL), list(DISTINCT kind ORDER BY kind),
+               (SELECT list(t ORDER BY step NULLS LAST) FROM s)
+        FROM p""").fetchall()
+    ranks = [*(ranks or []), *([None] if no_rank else [])]
+    kinds = sorted(kinds or [])
+    span = int(t1 - t0)
+    w = max(1, -(-span // columns))  # ns per column, rounded up
+    bars = path.query("_cp_path", f"""
+        WITH p AS (SELECT rank, kind, start_ns - {int(t0)} AS s, end_ns - start_ns AS d
+                   FROM (SELECT {cols} FROM _cp_path) WHERE end_ns > start_ns),
+        narrow AS (SELECT rank, kind, s // {w} AS col, min(s) AS s, sum(d)::BIGINT AS d
+                   FROM p WHERE d < {w} GROUP BY ALL),
+        bars AS (
+            SELECT rank, kind, s, d, FALSE AS merged FROM p WHERE d >= {w}
+            UNION ALL
+            SELECT rank, kind, min(s) OVER (PARTITION BY rank, col) + coalesce(sum(d) OVER (
+                       PARTITION BY rank, col ORDER BY kind
+                       ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0)::BIGINT,
+                   d, TRUE
+            FROM narrow)
+        SELECT coalesce(list_position({_sql_list(ranks[:len(ranks) - no_rank])}, rank),
+                        {len(ranks)}) - 1 AS lane,
+               list_position({_sql_list(kinds)}, kind) - 1 AS kind,
+               s AS start_ns, d AS dur_ns, merged
+        FROM bars ORDER BY lane, kind, start_ns""").fetchnumpy()
+    return {"t0_ns": int(t0), "span_ns": span, "column_ns": w, "ranks": ranks, "kinds": kinds,
+            "steps_ns": [int(t) - int(t0) for t in step_starts or []],
+            **{k: np.asarray(v) for k, v in bars.items()}}
+
+
+def _sql_list(values: Sequence[Any]) -> str:
+    """A SQL list literal of ints or plain strings (kind names, ranks)."""
+    return "[" + ", ".join(str(int(v)) if isinstance(v, int) else
+                           "'" + str(v).replace("'", "''") + "'" for v in values) + "]::" + (
+        "BIGINT[]" if all(isinstance(v, int) for v in values) else "VARCHAR[]")
+
+
+def chart_critical_path(path: duckdb.DuckDBPyRelation, job: str, out: Path) -> None:
+    """Timeline of the critical path: one lane per rank, segments coloured by kind; one
+    polygon collection per kind over the bars of ``critical_path_bars`` (at most a few per
+    pixel column and lane, however long the path)."""
+    import numpy as np
+    from matplotlib.collections import PolyCollection
     from matplotlib.patches import Patch
 
-    t0 = min(s["start_ns"] for s in segs)
-    ranks = sorted({s["rank"] for s in segs}, key=lambda r: (r is None, r))
-    kinds = sorted({str(s["kind"]) for s in segs})
+    b = critical_path_bars(path)
+    ranks, kinds = b["ranks"], b["kinds"]
     fig = _figure(12, max(3, 0.5 * len(ranks) + 2))
     ax = fig.add_subplot()
     colours = _colours(len(kinds))
-    for k, colour in zip(kinds, colours, strict=True):
-        for lane, r in enumerate(ranks):
-            bars = [((s["start_ns"] - t0) / 1e6, max(s["end_ns"] - s["start_ns"], 0) / 1e6)
-                    for s in segs if s["rank"] == r and str(s["kind"]) == k]
-            if bars:
-                ax.broken_barh(bars, (lane - 0.4, 0.8), color=colour)
-    step_starts: dict[Any, int] = {}
-    for s in segs:
-        step_starts.setdefault(s.get("step"), s["start_ns"])
-    for start in list(step_starts.values())[1:]:
-        ax.axvline((start - t0) / 1e6, color="black", linestyle=":", linewidth=0.8)
+    x0, x1 = b["start_ns"] / 1e6, (b["start_ns"] + b["dur_ns"]) / 1e6
+    y0, y1 = b["lane"] - 0.4, b["lane"] + 0.4
+    verts = np.stack([np.stack([x0, y0], 1), np.stack([x0, y1], 1), np.stack([x1, y1], 1),
+                      np.stack([x1, y0], 1)], 1)
+    for i, colour in enumerate(colours):
+        mine = b["kind"] == i
+        if mine.any():
+            # faces only: an outline would paint a sub-pixel bar a pixel wide, so a kind
+            # with many short segments would cover the lane; each kind's area is its time
+            ax.add_collection(PolyCollection(verts[mine], facecolors=colour, linewidths=0))
+    ax.autoscale_view()
+    for start in b["steps_ns"][1:]:
+        ax.axvline(start / 1e6, color="black", linestyle=":", linewidth=0.8)
     ax.set_yticks(range(len(ranks)),
                   ["no rank" if r is None else f"rank {r}" for r in ranks])
     ax.set_xlabel("ms since the path's start (dotted: a new step begins)")
     ax.set_title(f"{job}: critical path")
     ax.legend(handles=[Patch(color=c, label=k) for k, c in zip(kinds, colours, strict=True)],
               loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=8)
-    _save(fig, path)
+    _save(fig, out)
 
 
 def _colours(n: int) -> list[Any]:
@@ -416,7 +506,8 @@ class Report:
 
 
 def make_report(con: duckdb.DuckDBPyConnection, job: str, out_dir: Path | str,
-                store: Path | str | None = None, include_incomplete: bool = False) -> Report:
+                store: Path | str | None = None, include_incomplete: bool = False,
+                windows: str | None = None) -> Report:
     """Summarise ``job``, draw its charts and write ``report.md`` and ``report.html`` into
     ``out_dir`` (created). Charts left there by an earlier report are removed first, so the
     directory never shows a chart this report did not draw."""
@@ -425,9 +516,11 @@ def make_report(con: duckdb.DuckDBPyConnection, job: str, out_dir: Path | str,
     for name in CHART_FILES:
         (out / name).unlink(missing_ok=True)
     summary = summarize(con, job, include_incomplete)
-    segs, why_not = critical_path_segments(con, job, include_incomplete)
-    summary["critical_path"] = ({"available": True, "reason": None, **summarize_path(segs)}
-                                if segs else {"available": False, "reason": why_not})
+    summary["windows"] = windows  # None: ProfilerSteps; else the --annotation / --window
+    cp_path, why_not = critical_path_segments(con, job, include_incomplete)
+    summary["critical_path"] = (
+        {"available": True, "reason": None, **summarize_path(cp_path)}
+        if cp_path is not None else {"available": False, "reason": why_not})
     charts: dict[str, str] = {}  # chart -> file name in out
     if summary["breakdown"]:
         charts["breakdown"] = "breakdown.png"
@@ -438,9 +531,9 @@ def make_report(con: duckdb.DuckDBPyConnection, job: str, out_dir: Path | str,
     if summary["collectives"]["instances"]:
         charts["collective_skew"] = "collective_skew.png"
         chart_skew(con, job, summary, out / charts["collective_skew"])
-    if segs:
+    if cp_path is not None:
         charts["critical_path"] = "critical_path.png"
-        chart_critical_path(segs, job, out / charts["critical_path"])
+        chart_critical_path(cp_path, job, out / charts["critical_path"])
     sections = _sections(summary, charts, store)
     title = f"tracetool report: job {job}"
     (out / "report.md").write_text(_markdown(title, sections), encoding="utf-8")
@@ -468,14 +561,19 @@ def _sections(s: dict[str, Any], charts: dict[str, str], store: Path | str | Non
     if store is not None:
         job_lines.insert(0, f"Store: {store}")
     out = [Section("Job", job_lines)]
+    if s.get("warnings"):
+        out.append(Section("Warnings", list(s["warnings"])))
 
-    steps = Section("Steps (complete ProfilerSteps, ms)")
+    what = s.get("windows") or "complete ProfilerSteps"
     if s["job_steps"]:
-        steps.lines.append("Job steps (the iteration across ranks, as replay measures it):")
-        steps.tables.append((["step", "ranks", "job step", "mean rank step"], [
+        job_steps = Section(f"Job steps ({what}, ms)")
+        job_steps.lines.append("The iteration across ranks, as replay measures it; "
+                               "docs/steps.md.")
+        job_steps.tables.append((["step", "ranks", "job step", "mean rank step"], [
             [str(r["step"]), str(r["n_ranks"]), _ms(r["dur_ns"]), _ms(r["mean_rank_dur_ns"])]
             for r in s["job_steps"]]))
-        steps.lines.append("Per rank (each rank's steps tile its timeline; docs/steps.md):")
+        out.append(job_steps)
+    steps = Section(f"Steps per rank ({what}, ms)")
     for r in s["incomplete_steps"]:
         steps.lines.append(f"Left out: step {r['step']} ({r['incomplete_reason']}, "
                            f"{_ms(r['dur_ns'])} ms on {r['n_ranks']} ranks); "

@@ -28,9 +28,9 @@ sys.path.insert(0, str(HERE))
 
 import gen_trace  # noqa: E402  (sibling script)
 
+from tracetool.analysis.connect import connect  # noqa: E402
 from tracetool.analysis.critical_path import build_edges, critical_path  # noqa: E402
 from tracetool.ingest import Options, ingest  # noqa: E402
-from tracetool.store_views import connect_store  # noqa: E402
 
 WORK = HERE / ".work" / "critical_path"
 HTA_NODES_PER_S = 17_000  # HTA's critical path on one rank, as published in issue 3
@@ -90,7 +90,7 @@ def build_store(size: str, steps: int) -> tuple[Path, Path]:
 
 def run_once(store: Path) -> dict:
     """One cold run: a new connection, the edges, then the path of every step."""
-    con = connect_store(store)
+    con = connect(store)  # the analysis views: the graph reads steps and collective_ranks
     t0 = time.perf_counter()
     build_edges(con, "bench")
     t1 = time.perf_counter()

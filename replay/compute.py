@@ -24,6 +24,7 @@ import re
 from dataclasses import dataclass
 
 from tracetool.dtypes import ELEM_BYTES
+from tracetool.errors import InputError
 
 from .hardware import Gpu
 
@@ -112,7 +113,7 @@ def project_ns(measured_ns: float, category: str, source: Gpu, target: Gpu,
     return measured_ns * source.hbm_gbps / target.hbm_gbps
 
 
-class WhatIfError(ValueError):
+class WhatIfError(InputError):
     """A what-if input that names nothing, or would change nothing: a ``--speedup`` whose
     category is unknown or has no GPU op in the job, a pattern matching no GPU op, a GPU not
     in the catalog (the CLI exits 2, a usage error)."""

@@ -80,14 +80,14 @@ class ReplayGraph:
     # GPU ops (duration edges)
     ops: dict  # rank, eid, slot, kind, name, category, op_name, dims, types, dur
     # collective instances
-    insts: dict  # instance, collective, bytes, group_ranks (list), pg_desc, transfer_ns
+    insts: dict  # instance, collective, kind, bytes, group_ranks (list), pg_desc, transfer_ns
     # steps (tracetool.replay.run.step_windows tiles them as the steps/job_steps views do)
     steps: np.ndarray  # job step numbers, sorted ([NO_STEP] without ProfilerStep)
     step_complete: np.ndarray  # bool per job step (job_steps.complete)
-    # per (rank, step) row in (rank, step) order: rank, step_idx (into steps), start_node
-    # (node whose time starts the step, -1 when none), start_fixed (measured start when
-    # there is no such node, else NaN); end_row/end_node: for each rank's last step, the
-    # nodes whose latest time ends it
+    # per (rank, step) row in (rank, step) order (_rank_steps): rank, step_idx (into steps),
+    # tiled, start_node (its time + start_off starts the step; -1 when none), start_fixed
+    # (measured start when there is no such node, else NaN); end_row/end_node/end_off: the
+    # nodes whose latest time (+ end_off) ends a row, where the rules need them
     rank_steps: dict
     breakdown: dict  # slot, what (CLASSES index): breakdown_events of the GPU/CPU work
     ranks: np.ndarray  # ranks of the job
@@ -126,12 +126,9 @@ WHERE g.job = ?"""
 # calls it could not match (instance NULL) are no barrier
 _INSTANCES_SQL = """
 SELECT c.rank, c.instance, coalesce(c.kernel_eid, c.gloo_eid) AS x_eid, c.collective,
-       c.pg_desc, c.group_size,
+       c.kind, c.pg_desc, c.group_size,
        CASE WHEN coalesce(c.group_ranks_truncated, FALSE) THEN NULL ELSE c.group_ranks END
-           AS group_ranks,
-       CASE WHEN lower(c.collective) LIKE '%allgather%' OR lower(c.collective) LIKE '%all_gather%'
-            THEN coalesce(c.out_bytes, c.in_bytes * c.group_size)
-            ELSE coalesce(c.in_bytes, c.out_bytes) END AS bytes
+           AS group_ranks, c.bytes
 FROM collective_ranks c JOIN cp_nodes n ON n.job = c.job AND n.rank = c.rank
  AND n.eid = coalesce(c.kernel_eid, c.gloo_eid)
 WHERE c.job = ? AND c.instance IS NOT NULL"""
@@ -271,45 +268,11 @@ def build_graph(con: duckdb.DuckDBPyConnection, job: str) -> ReplayGraph:
     cls = per_slot(ev["cls"], CLASSES.index("cpu"), np.int8)
     cls[n_ev_slots:] = CLASSES.index("comm")
 
-    # -- steps (the analysis views' definition, docs/steps.md): per rank, the event whose
-    # start begins each step (steps.start_eid) and, for the rank's last step, the points
-    # whose latest time ends it (its annotation and the GPU ops launched in it)
-    st = con.execute(
-        """SELECT rank, step, start_eid, eid, step = max(step) OVER (PARTITION BY rank) AS last
-           FROM steps WHERE job = ? ORDER BY rank, step""", [job]).fetchnumpy()
+    # -- steps (the analysis views' definition, docs/steps.md)
     js = con.execute("SELECT step, complete FROM job_steps WHERE job = ? ORDER BY step",
                      [job]).fetchnumpy()
     steps = np.asarray(js["step"], dtype=np.int64)
-    start_slot = slot_of(st["rank"], st["start_eid"])
-    ps_slot = slot_of(st["rank"], st["eid"])
-    start_ok = is_node[start_slot]
-    start_node = np.where(start_ok, 2 * start_slot, -1)
-    fixed = np.full(len(start_slot), np.nan)  # a start that is no graph point keeps its time
-    if not start_ok.all():
-        m = con.execute(
-            "SELECT start_ns FROM steps WHERE job = ? ORDER BY rank, step", [job]).fetchnumpy()
-        fixed[~start_ok] = m["start_ns"][~start_ok] - origin
-    last = np.flatnonzero(st["last"])
-    step_ops = con.execute(
-        """SELECT g.rank, g.eid, g.step FROM gpu_ops g JOIN cp_nodes n ON n.job = g.job
-           AND n.rank = g.rank AND n.eid = g.eid WHERE g.job = ? AND g.step IS NOT NULL""",
-        [job]).fetchnumpy()
-    row_of = {(int(r), int(k)): i for i, (r, k) in enumerate(zip(st["rank"], st["step"],
-                                                                  strict=True))}
-    op_row = np.array([row_of.get((int(r), int(k)), -1) for r, k in
-                       zip(step_ops["rank"], step_ops["step"], strict=True)], dtype=np.int64)
-    op_last = op_row >= 0
-    op_last[op_last] = st["last"][op_row[op_last]]
-    ps_last = last[is_node[ps_slot[last]]]  # an annotation still open is no graph point
-    end_rows = [ps_last, ps_last, op_row[op_last]]
-    end_nodes = [2 * ps_slot[ps_last], 2 * ps_slot[ps_last] + 1,
-                 2 * slot_of(step_ops["rank"][op_last], step_ops["eid"][op_last]) + 1]
-    rank_steps = {
-        "rank": np.asarray(st["rank"], dtype=np.int64),
-        "step_idx": np.searchsorted(steps, st["step"]),
-        "start_node": start_node, "start_fixed": fixed,
-        "end_row": np.concatenate(end_rows).astype(np.int64),
-        "end_node": np.concatenate(end_nodes).astype(np.int64)}
+    rank_steps = _rank_steps(con, job, steps, slot_of, is_node, t0, origin)
     complete = np.asarray(js["complete"], dtype=bool)
     if len(steps) == 0:  # no ProfilerStep (inference, a custom loop): the whole trace, as
         # the critical path does; step number NO_STEP
@@ -354,6 +317,7 @@ def build_graph(con: duckdb.DuckDBPyConnection, job: str) -> ReplayGraph:
     insts = {
         "instance": inst_names,
         "collective": ci["collective"][first].astype(str),
+        "kind": ci["kind"][first].astype(str),  # collective_ranks.kind
         "bytes": nbytes[first],
         "pg_desc": ci["pg_desc"][first],
         "group_ranks": group_ranks,
@@ -372,6 +336,70 @@ def build_graph(con: duckdb.DuckDBPyConnection, job: str) -> ReplayGraph:
         is_gpu=per_slot(ev["is_gpu"], False, bool), n_event_slots=n_ev_slots,
         ops=op_info, insts=insts, steps=steps, step_complete=complete,
         rank_steps=rank_steps, breakdown=breakdown, ranks=ranks, devices=devices)
+
+
+def _rank_steps(con: duckdb.DuckDBPyConnection, job: str, steps: np.ndarray, slot_of: Slots,
+                is_node: np.ndarray, t0: np.ndarray, origin: int) -> dict:
+    """ReplayGraph.rank_steps: per (rank, step) row of the steps view, the point whose time
+    starts it (start_node + start_off) and the points whose latest time ends it (end_node +
+    end_off per end_row), where the view's rules need them: a tiled rank's last step (its
+    annotation and the GPU ops launched in it), every window that is not tiled. A time
+    window (--window) starts at its first event's start and ends at the latest end of the
+    events inside it, each kept at its distance to the window's bound, so the identity gives
+    its bounds."""
+    st = {k: _unmasked(v) for k, v in con.execute(
+        """SELECT rank, step, coalesce(start_eid, -1) AS start_eid, coalesce(eid, -1) AS eid,
+                  tiled, side = 'window' AS is_window, start_ns - $o AS start_t,
+                  end_ns - $o AS end_t,
+                  step = max(step) OVER (PARTITION BY rank) AS last
+           FROM steps WHERE job = $job ORDER BY rank, step""",
+        {"job": job, "o": origin}).fetchnumpy().items()}
+    n = len(st["rank"])
+    rank = np.asarray(st["rank"], dtype=np.int64)
+    start_slot = np.where(st["start_eid"] >= 0, slot_of(rank, np.maximum(st["start_eid"], 0)),
+                          -1)
+    start_ok = (start_slot >= 0) & is_node[np.maximum(start_slot, 0)]
+    start_node = np.where(start_ok, 2 * start_slot, -1)
+    start_off = np.zeros(n)
+    fixed = np.where(start_ok, np.nan, st["start_t"]).astype(np.float64)
+    ends = st["last"] | ~st["tiled"]  # rows whose end is their latest point
+    ps_slot = np.where(st["eid"] >= 0, slot_of(rank, np.maximum(st["eid"], 0)), -1)
+    ps = np.flatnonzero(ends & (ps_slot >= 0) & is_node[np.maximum(ps_slot, 0)])
+    ops = con.execute(
+        """SELECT o.rank, o.eid, o.step FROM step_gpu_ops o JOIN cp_nodes n ON n.job = o.job
+           AND n.rank = o.rank AND n.eid = o.eid WHERE o.job = ?""", [job]).fetchnumpy()
+    row_of = {(int(r), int(k)): i for i, (r, k) in enumerate(zip(rank, st["step"],
+                                                                  strict=True))}
+    op_row = np.array([row_of.get((int(r), int(k)), -1) for r, k in
+                       zip(ops["rank"], ops["step"], strict=True)], dtype=np.int64)
+    op_end = op_row >= 0
+    op_end[op_end] = ends[op_row[op_end]]
+    end_row = [ps, ps, op_row[op_end]]
+    end_node = [2 * ps_slot[ps], 2 * ps_slot[ps] + 1,
+                2 * slot_of(ops["rank"][op_end], ops["eid"][op_end]) + 1]
+    end_off = [np.zeros(len(ps)), np.zeros(len(ps)), np.zeros(int(op_end.sum()))]
+    for i in np.flatnonzero(st["is_window"]):  # the window's first and last event on the rank
+        lo, hi = slot_of.base[np.searchsorted(slot_of.ranks, rank[i])] + np.array(
+            [0, slot_of.sizes[np.searchsorted(slot_of.ranks, rank[i])]])
+        sl = np.arange(lo, hi)[is_node[lo:hi]]
+        s_t, e_t = t0[2 * sl], t0[2 * sl + 1]
+        inside = (s_t >= st["start_t"][i]) & (e_t <= st["end_t"][i])
+        if not inside.any():
+            continue
+        first = sl[inside][np.argmin(s_t[inside])]
+        start_node[i], fixed[i] = 2 * first, np.nan
+        start_off[i] = st["start_t"][i] - t0[2 * first]
+        # the end: the latest end of the work inside, kept at its distance to the bound
+        end_row.append(np.full(int(inside.sum()), i))
+        end_node.append(2 * sl[inside] + 1)
+        end_off.append(np.full(int(inside.sum()), st["end_t"][i] - e_t[inside].max()))
+    return {
+        "rank": rank, "step_idx": np.searchsorted(steps, st["step"]),
+        "tiled": np.asarray(st["tiled"], dtype=bool),
+        "start_node": start_node, "start_off": start_off, "start_fixed": fixed,
+        "end_row": np.concatenate(end_row).astype(np.int64),
+        "end_node": np.concatenate(end_node).astype(np.int64),
+        "end_off": np.concatenate(end_off).astype(np.float64)}
 
 
 def _unmasked(a: np.ndarray) -> np.ndarray:

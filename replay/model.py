@@ -243,7 +243,7 @@ def collective_factors(graph: ReplayGraph, scenario: Scenario
         ranks = insts["group_ranks"][i]
         if len(ranks) < 2:
             continue
-        kind = insts["collective"][i]
+        kind = insts["kind"][i]
         measured_s = insts["transfer_ns"][i] * 1e-9
         nbytes = insts["bytes"][i]
         if not nbytes > 0:

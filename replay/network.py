@@ -179,12 +179,14 @@ def collective_time(net: Network, kind: str, nbytes: float, ranks: list[int]) ->
     """Seconds for one collective of ``nbytes`` (nccl-tests' S: the reduced buffer, or the
     gathered output) over global ``ranks``, the cheapest algorithm and protocol.
 
-    kind: allreduce, allgather, reduce_scatter, all_to_all, broadcast, reduce, send, recv."""
-    kind = _KIND_ALIASES.get(kind.lower(), kind.lower())
+    kind: one of KINDS, the names of collective_ranks.kind (analysis/sql/40_collectives.sql
+    normalises what PyTorch records); ValueError for any other."""
+    if kind not in KINDS:
+        raise ValueError(f"unknown collective {kind!r}; priced: {', '.join(KINDS)}")
     ranks = sorted(set(ranks))
     if len(ranks) < 2 or nbytes <= 0:
         return 0.0
-    if kind in ("send", "recv", "sendrecv"):
+    if kind in ("send", "recv"):
         a, b = ranks[0], ranks[-1]
         return min(BASE_US[p] * 1e-6 + _steps_time(
             1, nbytes, *_ll(net.link(net.level(a, b), p), p)) for p in BASE_US)
@@ -212,10 +214,11 @@ def _all_to_all(net: Network, nbytes: float, ranks: list[int], proto: str) -> fl
     return total
 
 
-_KIND_ALIASES = {"all_reduce": "allreduce", "all_gather": "allgather",
-                 "_allgather_base": "allgather", "reducescatter": "reduce_scatter",
-                 "reduce_scatter_tensor": "reduce_scatter", "alltoall": "all_to_all",
-                 "all_to_allv": "all_to_all", "alltoall_base": "all_to_all"}
+# the collective kinds the model prices: collective_ranks.kind values (the SQL macro
+# collective_kind is the one normalisation of PyTorch's names; gather, scatter, barrier and
+# other are not priced and keep their measured transfer)
+KINDS = ("allreduce", "allgather", "reduce_scatter", "all_to_all", "broadcast", "reduce",
+         "send", "recv")
 
 
 # NIC bandwidth per GPU of the usual cluster build of each GPU generation (one NIC per GPU):

@@ -14,12 +14,13 @@ event's start to its last event's end.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 import duckdb
 import numpy as np
+import pyarrow as pa
 
+from tracetool.analysis.connect import sql_file
 from tracetool.analysis.critical_path import (
     CLASSES,
     SEGMENT_KINDS,
@@ -34,7 +35,6 @@ from .simulate import binding_edges, schedule
 
 # step_breakdown's partition of a rank's step (its columns without _ns): these add up to it
 BREAKDOWN = ("compute", "exposed_comm", "exposed_memcpy", "idle")
-_COMPUTE, _COMM, _MEMCPY = (CLASSES.index(c) for c in ("compute", "comm", "memcpy"))
 
 
 @dataclass
@@ -85,14 +85,15 @@ class Replayer:
     def __init__(self, graph: ReplayGraph) -> None:
         self.graph = graph
         bd = graph.breakdown
-        order = np.lexsort((bd["slot"], graph.rank[bd["slot"]]))
-        self._iv_slot, self._iv_what = bd["slot"][order], bd["what"][order]
-        iv_rank = graph.rank[self._iv_slot]
-        ranks, first = np.unique(iv_rank, return_index=True)
-        bounds = np.append(first, len(iv_rank))
-        self._iv_range = {int(r): (int(bounds[i]), int(bounds[i + 1]))
-                          for i, r in enumerate(ranks)}
+        self._iv_slot = bd["slot"]
+        self._iv_rank = graph.rank[bd["slot"]].astype(np.int64)
+        self._iv_what = np.array(CLASSES, dtype=object)[bd["what"]]
+        # the interval union is step_breakdown's own SQL (analysis/sql/25_intervals.sql), run
+        # on a connection of the replayer's: the caller's connection is not touched
+        self._db = duckdb.connect()
+        self._db.execute(sql_file("25_intervals.sql"))
         self.measured = step_windows(graph, graph.t0)
+        self._measured_breakdown: dict[int, dict[str, int]] | None = None
 
     @classmethod
     def from_store(cls, con: duckdb.DuckDBPyConnection, job: str) -> Replayer:
@@ -116,14 +117,18 @@ class Replayer:
                                p.job_end - p.job_start, alt)
         path, segments = (self._path(t, wts.w, p.job_start, p.job_end) if critical_path
                           else (None, []))
+        if breakdown:
+            if self._measured_breakdown is None:
+                self._measured_breakdown = self._breakdowns(g.t0, m)
+            measured_bd, projected_bd = self._measured_breakdown, self._breakdowns(t, p)
         steps = []
         for i, s in enumerate(g.steps):
             if not (g.step_complete[i] or include_incomplete):
                 continue
             if not np.isfinite(m.job_start[i]) or not np.isfinite(m.job_end[i]):
                 continue
-            mb = self._breakdown(g.t0, m, i) if breakdown else {}
-            pb = self._breakdown(t, p, i) if breakdown else {}
+            mb = measured_bd.get(i, {}) if breakdown else {}
+            pb = projected_bd.get(i, {}) if breakdown else {}
             meas = int(round(m.job_end[i] - m.job_start[i]))
             proj = int(round(p.job_end[i] - p.job_start[i]))
             steps.append(StepResult(
@@ -149,36 +154,47 @@ class Replayer:
         lo, hi = np.minimum(projected, alt), np.maximum(projected, alt)
         return lo - u_steps * projected, hi + u_steps * projected
 
-    def _breakdown(self, t: np.ndarray, w: StepWindows, i: int) -> dict[str, int]:
-        """Mean over the ranks of job step ``i`` of step_breakdown's partition of each rank's
-        step (compute, exposed comm, exposed memcpy, idle; plus comm_ns and the step's
+    def _breakdowns(self, t: np.ndarray, w: StepWindows) -> dict[int, dict[str, int]]:
+        """Per job step index: the mean over its ranks of step_breakdown's partition of each
+        rank's step (compute, exposed comm, exposed memcpy, idle; plus comm_ns and the step's
         dur_ns), from the breakdown_events on timeline ``t``."""
-        g = self.graph
-        rows = np.flatnonzero(g.rank_steps["step_idx"] == i) if len(w.rank_start) else []
-        windows = ([(int(g.rank_steps["rank"][r]), w.rank_start[r], w.rank_end[r])
-                    for r in rows] if len(rows)
-                   else [(int(r), w.job_start[i], w.job_end[i]) for r in g.ranks])
-        acc = dict.fromkeys((*BREAKDOWN, "comm", "dur"), 0.0)
-        for rank, a, b in windows:
-            lo, hi = self._iv_range.get(rank, (0, 0))
-            sl = self._iv_slot[lo:hi]
-            s, e = t[2 * sl], t[2 * sl + 1]
-            inside = (e > a) & (s < b)
-            s, e = np.maximum(s[inside], a), np.minimum(e[inside], b)
-            what = self._iv_what[lo:hi][inside]
-            compute = _union(s[what == _COMPUTE], e[what == _COMPUTE])
-            either = _union(s[what != _MEMCPY], e[what != _MEMCPY])
-            busy = _union(s, e)
-            acc["compute"] += compute
-            acc["exposed_comm"] += either - compute
-            acc["exposed_memcpy"] += busy - either
-            acc["idle"] += (b - a) - busy
-            acc["comm"] += _union(s[what == _COMM], e[what == _COMM])
-            acc["dur"] += b - a
-        n = max(len(windows), 1)
-        out = {k: round_ns(acc[k] / n) for k in BREAKDOWN}
-        out["comm_ns"] = round_ns(acc["comm"] / n)
-        out["dur_ns"] = round_ns(acc["dur"] / n)
+        g, rs = self.graph, self.graph.rank_steps
+        if len(w.rank_start):
+            win_rank, win_step = rs["rank"], rs["step_idx"]
+            a, b = w.rank_start, w.rank_end
+        else:  # one window over the whole trace: every rank's share of it
+            win_rank = g.ranks.astype(np.int64)
+            win_step = np.zeros(len(win_rank), dtype=np.int64)
+            a = np.full(len(win_rank), w.job_start[0])
+            b = np.full(len(win_rank), w.job_end[0])
+        ok = np.isfinite(a) & np.isfinite(b)
+        db = self._db
+        db.register("_iv", pa.table({"rank": self._iv_rank, "s": t[2 * self._iv_slot],
+                                     "e": t[2 * self._iv_slot + 1], "what": self._iv_what}))
+        db.register("_win", pa.table({"rank": win_rank[ok], "step": win_step[ok],
+                                      "a": a[ok], "b": b[ok]}))
+        try:
+            db.execute("""
+                CREATE OR REPLACE TEMP VIEW _clip AS
+                SELECT '' AS job, w.rank, w.step, greatest(i.s, w.a) AS s_ns,
+                       least(i.e, w.b) AS e_ns, i.what
+                FROM _iv i JOIN _win w ON i.rank = w.rank AND i.s < w.b AND i.e > w.a""")
+            rows = db.execute("""
+                SELECT w.step, avg(coalesce(u.compute, 0)), avg(coalesce(u.comm, 0)),
+                       avg(coalesce(u.compute_or_comm, 0)), avg(coalesce(u.busy, 0)),
+                       avg(w.b - w.a)
+                FROM _win w LEFT JOIN interval_unions('_clip') u
+                  ON u.rank = w.rank AND u.step = w.step
+                GROUP BY w.step""").fetchall()
+        finally:
+            db.unregister("_iv")
+            db.unregister("_win")
+        out = {}
+        for step, compute, comm, either, busy, dur in rows:
+            out[int(step)] = {
+                "compute": round_ns(compute), "exposed_comm": round_ns(either - compute),
+                "exposed_memcpy": round_ns(busy - either), "idle": round_ns(dur - busy),
+                "comm_ns": round_ns(comm), "dur_ns": round_ns(dur)}
         return out
 
     def _path(self, t: np.ndarray, w: np.ndarray, start: np.ndarray, end: np.ndarray
@@ -247,7 +263,8 @@ def step_windows(g: ReplayGraph, t: np.ndarray) -> StepWindows:
     per rank, each step starts at its start point, never before the previous step's start,
     and ends where the next starts (the last at its latest point); a job step starts where
     the last rank starts it (the first: the earliest rank) and ends where the next starts
-    (the last: the latest rank's end)."""
+    (the last: the latest rank's end). Windows that are not tiled (--annotation, --window)
+    span their own points, per rank and across ranks."""
     rs = g.rank_steps
     n = len(rs["rank"])
     if n == 0:  # no ProfilerStep: one window over every event
@@ -257,15 +274,20 @@ def step_windows(g: ReplayGraph, t: np.ndarray) -> StepWindows:
         b = np.array([t[2 * ev + 1].max()]) if len(ev) else np.array([-np.inf])
         return StepWindows(np.zeros(0), np.zeros(0), a, b)
     node = rs["start_node"]
-    raw = np.where(node >= 0, t[np.maximum(node, 0)], rs["start_fixed"])
+    raw = np.where(node >= 0, t[np.maximum(node, 0)] + rs["start_off"], rs["start_fixed"])
     last_end = np.full(n, -np.inf)
-    np.maximum.at(last_end, rs["end_row"], t[rs["end_node"]])
+    np.maximum.at(last_end, rs["end_row"], t[rs["end_node"]] + rs["end_off"])
     rank_start, rank_end = _tile(rs["rank"], raw, last_end)
+    spans = ~rs["tiled"]  # windows that are not tiled span their own points
+    rank_start[spans] = raw[spans]
+    rank_end[spans] = np.maximum(raw[spans], last_end[spans])
     k, idx = len(g.steps), rs["step_idx"]
     first, latest, ends = np.full(k, np.inf), np.full(k, -np.inf), np.full(k, -np.inf)
     np.minimum.at(first, idx, rank_start)
     np.maximum.at(latest, idx, rank_start)
     np.maximum.at(ends, idx, rank_end)
+    if spans.any():
+        return StepWindows(rank_start, rank_end, first, np.maximum(first, ends))
     raw_job = np.where(np.arange(k) == 0, first, latest)
     job_start, job_end = _tile(np.zeros(k, dtype=np.int64), raw_job, ends)
     return StepWindows(rank_start, rank_end, job_start, job_end)
@@ -285,17 +307,6 @@ def _tile(group: np.ndarray, raw: np.ndarray, last_end: np.ndarray
     is_last[:-1] = group[1:] != group[:-1]
     end[is_last] = np.maximum(start[is_last], last_end[is_last])
     return start, end
-
-
-def _union(s: np.ndarray, e: np.ndarray) -> float:
-    """Length of the union of intervals [s, e): sorted by start, each adds what it reaches
-    beyond the furthest end before it."""
-    if len(s) == 0:
-        return 0.0
-    o = np.argsort(s, kind="stable")
-    s, e = s[o], e[o]
-    reach = np.concatenate([[-math.inf], np.maximum.accumulate(e)[:-1]])
-    return float(np.maximum(0.0, e - np.maximum(s, reach)).sum())
 
 
 def replay(con: duckdb.DuckDBPyConnection, job: str, scenario: Scenario | None = None

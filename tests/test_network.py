@@ -101,3 +101,34 @@ def test_degenerate_groups_cost_nothing() -> None:
     assert collective_time(Network(), "allreduce", 0, [0, 1]) == 0.0
     with pytest.raises(ValueError, match="unknown collective"):
         collective_time(Network(), "gossip", 1e6, [0, 1])
+
+
+def test_collective_names_have_one_normalisation(tmp_path) -> None:
+    """collective_kind (analysis/sql/40_collectives.sql) maps PyTorch's names onto the kinds
+    the network model prices (KINDS) or the unpriced ones; nothing else, and no other code
+    renames collectives."""
+    import tracetool
+    from tracetool.ingest.pipeline import Options, ingest
+    from tracetool.replay.network import KINDS
+
+    from ._util import SAMPLES
+
+    ingest([SAMPLES], Options(store=tmp_path / "s", job="j"))
+    con = tracetool.connect(tmp_path / "s")
+    names = {"all_reduce": "allreduce", "allreduce": "allreduce",
+             "allreduce_coalesced": "allreduce", "_allgather_base": "allgather",
+             "all_gather_into_tensor": "allgather", "allgather": "allgather",
+             "reduce_scatter_tensor": "reduce_scatter", "_reduce_scatter_base": "reduce_scatter",
+             "all_to_all": "all_to_all", "alltoall_base": "all_to_all",
+             "all_to_allv": "all_to_all", "broadcast": "broadcast", "reduce": "reduce",
+             "send": "send", "recv": "recv", "barrier": "barrier", "gather": "gather",
+             "scatter": "scatter", "gossip": "other"}
+    got = dict(con.execute("SELECT x, collective_kind(x) FROM unnest(?) t(x)",
+                           [list(names)]).fetchall())
+    assert got == names
+    assert set(got.values()) - set(KINDS) == {"barrier", "gather", "scatter", "other"}
+    for kind in KINDS:
+        collective_time(Network(), kind, 1e6, [0, 1])  # every kind is priced
+    # the views read the normalised kind, the replay graph too
+    assert con.execute("SELECT DISTINCT kind FROM collective_instances").fetchall() == [
+        ("allreduce",)]

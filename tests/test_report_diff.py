@@ -175,8 +175,9 @@ def test_report_draws_a_critical_path(sample_store: Path, tmp_path: Path,
 def test_report_subprocess_terminal_summary(sample_store: Path, tmp_path: Path) -> None:
     r = tracetool("report", sample_store, "--out", tmp_path / "r")
     assert r.returncode == 0, r.stderr
-    for heading in ("Steps (complete ProfilerSteps, ms)", "Step breakdown", "Top 15 CPU ops",
-                    "Collectives", "Critical path"):
+    for heading in ("Job steps (complete ProfilerSteps, ms)",
+                    "Steps per rank (complete ProfilerSteps, ms)", "Step breakdown",
+                    "Top 15 CPU ops", "Collectives", "Critical path"):
         assert heading in r.stdout
     assert f"written: {tmp_path / 'r' / 'breakdown.png'}" in r.stdout
     assert (tmp_path / "r" / "report.html").is_file()

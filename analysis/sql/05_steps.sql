@@ -3,11 +3,32 @@
 -- the ranks of a job. Both tile the timeline: no overlap, and the durations add up to the span
 -- from the first step's start to the last step's end.
 
--- @view steps: each rank's ProfilerStep#N as a tile of its timeline (per rank).
+-- @view step_marks: what the steps are made of. By default the store's ProfilerStep#N
+--   annotations: All columns of profiler_steps, plus tiled = TRUE, window_start_ns and
+--   window_end_ns NULL. `--annotation NAME [--instance N]` and `--window A:B`
+--   (tracetool.analysis.windows) redefine it on a connection: the instances of a user
+--   annotation (step = 0, 1, ... per rank in time order), or one time window on every rank
+--   (step 0, window_start_ns/window_end_ns its bounds), as steps that are not tiled
+--   (tiled = FALSE): each spans its own events.
+CREATE OR REPLACE VIEW step_marks AS
+SELECT *, TRUE AS tiled, NULL::BIGINT AS window_start_ns, NULL::BIGINT AS window_end_ns
+FROM profiler_steps;
+
+-- @view step_gpu_ops: the GPU ops each step_marks row launched.
+-- job, rank, step, eid (gpu_ops.eid). By default gpu_ops.step, the ProfilerStep the op's
+--   launch lies in; for annotation windows, the instance its launch lies in.
+CREATE OR REPLACE VIEW step_gpu_ops AS
+SELECT job, rank, step, eid FROM gpu_ops WHERE step IS NOT NULL;
+
+-- @view steps: each rank's ProfilerStep#N as a tile of its timeline (per rank), from
+--   step_marks.
 -- job, rank, step: the step (N of ProfilerStep#N). eid, tid: its CPU annotation and thread.
 -- side: which starts the boundaries between this rank's steps are taken at: 'gpu' when the
 --   GPU lags the CPU on this rank (some step's GPU work ends after the next step's CPU
---   start), so each step's GPU work lies in that step; else 'cpu'.
+--   start), so each step's GPU work lies in that step; else 'cpu'. For windows that are
+--   not tiled: 'span' (an annotation instance: its CPU start or first GPU op, whichever is
+--   first, to its latest end, CPU or GPU) or 'window' (the time window itself).
+-- tiled: step_marks.tiled (FALSE for --annotation / --window windows).
 -- start_ns, end_ns, dur_ns: the tile. The first step starts at its earliest event (CPU
 --   annotation or GPU op), every later one at its start on `side` (profiler_steps.gpu_first_ns,
 --   or cpu_start_ns when the step has no GPU op), never before the previous step's start;
@@ -27,32 +48,42 @@ WITH p AS (
     SELECT *,
            lead(cpu_start_ns) OVER w AS next_cpu_start_ns,
            row_number() OVER w AS i, count(*) OVER (PARTITION BY job, rank) AS n
-    FROM profiler_steps WINDOW w AS (PARTITION BY job, rank ORDER BY step)),
+    FROM step_marks WINDOW w AS (PARTITION BY job, rank ORDER BY step)),
 side AS (
     SELECT job, rank, coalesce(bool_or(gpu_end_ns > next_cpu_start_ns), FALSE) AS gpu_lags
     FROM p GROUP BY job, rank),
 raw AS (
-    SELECT p.*, CASE WHEN s.gpu_lags THEN 'gpu' ELSE 'cpu' END AS side,
-           CASE WHEN p.i = 1 AND p.gpu_first_ns < p.cpu_start_ns THEN p.gpu_first_ns
-                WHEN p.i = 1 THEN p.cpu_start_ns
+    SELECT p.*, CASE WHEN p.window_start_ns IS NOT NULL THEN 'window'
+                     WHEN NOT p.tiled THEN 'span'
+                     WHEN s.gpu_lags THEN 'gpu' ELSE 'cpu' END AS side,
+           CASE WHEN p.window_start_ns IS NOT NULL THEN p.window_start_ns
+                WHEN (p.i = 1 OR NOT p.tiled) AND p.gpu_first_ns < p.cpu_start_ns
+                    THEN p.gpu_first_ns
+                WHEN p.i = 1 OR NOT p.tiled THEN p.cpu_start_ns
                 WHEN s.gpu_lags THEN coalesce(p.gpu_first_ns, p.cpu_start_ns)
                 ELSE p.cpu_start_ns END AS raw_start_ns,
-           CASE WHEN p.i = 1 AND p.gpu_first_ns < p.cpu_start_ns THEN p.gpu_first_eid
-                WHEN p.i = 1 THEN p.eid
+           CASE WHEN p.window_start_ns IS NOT NULL THEN NULL
+                WHEN (p.i = 1 OR NOT p.tiled) AND p.gpu_first_ns < p.cpu_start_ns
+                    THEN p.gpu_first_eid
+                WHEN p.i = 1 OR NOT p.tiled THEN p.eid
                 WHEN s.gpu_lags THEN coalesce(p.gpu_first_eid, p.eid)
                 ELSE p.eid END AS start_eid
     FROM p JOIN side s USING (job, rank)),
-tiled AS (
-    SELECT *, max(raw_start_ns) OVER (PARTITION BY job, rank ORDER BY step
-                                      ROWS UNBOUNDED PRECEDING) AS start_ns
+clamped AS (
+    SELECT *, CASE WHEN tiled THEN max(raw_start_ns) OVER (
+                  PARTITION BY job, rank ORDER BY step ROWS UNBOUNDED PRECEDING)
+              ELSE raw_start_ns END AS start_ns
     FROM raw),
 ended AS (
-    SELECT *, coalesce(lead(start_ns) OVER (PARTITION BY job, rank ORDER BY step),
-                       greatest(start_ns, cpu_end_ns, gpu_end_ns, cpu_start_ns)) AS end_ns
-    FROM tiled),
+    SELECT *, CASE WHEN window_end_ns IS NOT NULL THEN window_end_ns
+                   WHEN tiled THEN coalesce(
+                       lead(start_ns) OVER (PARTITION BY job, rank ORDER BY step),
+                       greatest(start_ns, cpu_end_ns, gpu_end_ns, cpu_start_ns))
+                   ELSE greatest(start_ns, cpu_end_ns, gpu_end_ns, cpu_start_ns) END AS end_ns
+    FROM clamped),
 job_ranks AS (SELECT job, count(DISTINCT rank) AS n_ranks FROM trace_files GROUP BY job),
-step_ranks AS (SELECT job, step, count(*) AS n_ranks FROM profiler_steps GROUP BY job, step)
-SELECT e.job, e.rank, e.step, e.eid, e.tid, e.side, e.start_ns, e.end_ns,
+step_ranks AS (SELECT job, step, count(*) AS n_ranks FROM step_marks GROUP BY job, step)
+SELECT e.job, e.rank, e.step, e.eid, e.tid, e.side, e.tiled, e.start_ns, e.end_ns,
        e.end_ns - e.start_ns AS dur_ns, e.start_eid, e.cpu_start_ns, e.cpu_end_ns,
        e.gpu_start_ns, e.gpu_end_ns, e.gpu_first_ns, e.n_gpu_ops,
        r.reason IS NULL AS complete, r.reason AS incomplete_reason
@@ -61,8 +92,8 @@ JOIN job_ranks j USING (job)
 JOIN step_ranks sr USING (job, step)
 CROSS JOIN LATERAL (SELECT CASE
     WHEN NOT e.finished THEN 'open'
-    WHEN e.i = e.n AND e.n > 1 AND e.n_gpu_ops < 0.5 * (
-             SELECT median(q.n_gpu_ops) FROM profiler_steps q
+    WHEN e.tiled AND e.i = e.n AND e.n > 1 AND e.n_gpu_ops < 0.5 * (
+             SELECT median(q.n_gpu_ops) FROM step_marks q
              WHERE q.job = e.job AND q.rank = e.rank AND q.step <> e.step)
          THEN 'cut'
     WHEN sr.n_ranks < j.n_ranks THEN 'not_on_all_ranks' END AS reason) r;
@@ -70,7 +101,7 @@ CROSS JOIN LATERAL (SELECT CASE
 -- @view job_steps: the job-wide step: iteration N as the whole job ran it (one row per job
 --   and step). Times on the ranks' recorded clocks (ranks of one host share one; across
 --   hosts NTP keeps them within tens of microseconds).
--- job, step. n_ranks: ranks that have the step.
+-- job, step. n_ranks: ranks that have the step. tiled: the ranks' steps are (steps.tiled).
 -- start_ns, end_ns, dur_ns: the tile. Iteration N is done when the last rank has started
 --   iteration N + 1, so the boundary between two job steps is the latest of the ranks'
 --   boundaries (steps.start_ns); the first step starts at the earliest rank's start and the
@@ -79,27 +110,32 @@ CROSS JOIN LATERAL (SELECT CASE
 -- mean_rank_dur_ns: mean over the ranks of steps.dur_ns (what step_breakdown splits).
 -- complete, incomplete_reason: FALSE when any rank's step is incomplete (its reason; 'open'
 --   before 'cut' before 'not_on_all_ranks').
+-- Windows that are not tiled (steps.tiled FALSE) are not tiled here either: each spans the
+--   earliest rank's start to the latest rank's end.
 CREATE OR REPLACE VIEW job_steps AS
 WITH s AS (
     SELECT job, step, count(*) AS n_ranks, min(start_ns) AS first_start_ns,
            max(start_ns) AS last_start_ns, max(end_ns) AS last_end_ns,
            avg(dur_ns) AS mean_rank_dur_ns, bool_and(complete) AS complete,
+           bool_and(tiled) AS tiled,
            min(CASE incomplete_reason WHEN 'open' THEN 1 WHEN 'cut' THEN 2
                                       WHEN 'not_on_all_ranks' THEN 3 END) AS reason_code
     FROM steps GROUP BY job, step),
 raw AS (
-    SELECT *, CASE WHEN row_number() OVER (PARTITION BY job ORDER BY step) = 1
+    SELECT *, CASE WHEN row_number() OVER (PARTITION BY job ORDER BY step) = 1 OR NOT tiled
                    THEN first_start_ns ELSE last_start_ns END AS raw_start_ns
     FROM s),
-tiled AS (
-    SELECT *, max(raw_start_ns) OVER (PARTITION BY job ORDER BY step
-                                      ROWS UNBOUNDED PRECEDING) AS start_ns
+clamped AS (
+    SELECT *, CASE WHEN tiled THEN max(raw_start_ns) OVER (
+                  PARTITION BY job ORDER BY step ROWS UNBOUNDED PRECEDING)
+              ELSE raw_start_ns END AS start_ns
     FROM raw),
 ended AS (
-    SELECT *, coalesce(lead(start_ns) OVER (PARTITION BY job ORDER BY step),
-                       greatest(start_ns, last_end_ns)) AS end_ns
-    FROM tiled)
-SELECT job, step, n_ranks, start_ns, end_ns, end_ns - start_ns AS dur_ns,
+    SELECT *, CASE WHEN tiled THEN coalesce(lead(start_ns) OVER (PARTITION BY job ORDER BY step),
+                                            greatest(start_ns, last_end_ns))
+                   ELSE greatest(start_ns, last_end_ns) END AS end_ns
+    FROM clamped)
+SELECT job, step, n_ranks, tiled, start_ns, end_ns, end_ns - start_ns AS dur_ns,
        mean_rank_dur_ns, complete,
        ['open', 'cut', 'not_on_all_ranks'][reason_code] AS incomplete_reason
 FROM ended;

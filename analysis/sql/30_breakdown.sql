@@ -62,37 +62,7 @@ JOIN (SELECT job, rank, step, start_ns, end_ns FROM steps) st
 -- cpu_bound_ns: idle time during which the step's CPU thread was busy (not synchronizing):
 --   the GPU waited for the CPU. NULL on CPU-only ranks.
 CREATE OR REPLACE VIEW step_breakdown AS
-WITH si AS MATERIALIZED (  -- integer keys and weights: the window below sorts on them
-    SELECT hash(job) AS jh, rank, step, s_ns, e_ns,
-           CASE what WHEN 'compute' THEN 1 WHEN 'comm' THEN 65536
-                     WHEN 'memcpy' THEN 4294967296 ELSE 281474976710656 END AS w
-    FROM step_intervals),
-points AS (  -- a sweep line: +w where an interval starts, -w where it ends; w puts each kind
-             -- in its own 16-bit counter, so one running sum tracks all four
-    SELECT jh, rank, step, s_ns AS t, 1 AS d, w FROM si
-    UNION ALL SELECT jh, rank, step, e_ns AS t, -1 AS d, w FROM si),
-running AS (  -- one running sum over all steps in order: each step's +w and -w cancel,
-              -- so the counters are back at 0 where the next step begins (and the last
-              -- point of a step, whose seg would reach into the next one, counts nothing)
-    SELECT jh, rank, step, sum(d * w) OVER win AS packed,
-           coalesce(lead(t) OVER win, t) - t AS seg  -- until the next point
-    FROM points WINDOW win AS (ORDER BY jh, rank, step, t, d
-                               ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW)),
-sweep AS (
-    SELECT jh, rank, step, seg, packed & 65535 AS n_compute,
-           (packed >> 16) & 65535 AS n_comm, (packed >> 32) & 65535 AS n_memcpy,
-           packed >> 48 AS n_cpu
-    FROM running),
-unions AS (
-    SELECT jh, rank, step,
-           sum(seg) FILTER (WHERE n_compute > 0) AS compute,
-           sum(seg) FILTER (WHERE n_comm > 0) AS comm,
-           sum(seg) FILTER (WHERE n_memcpy > 0) AS memcpy,
-           sum(seg) FILTER (WHERE n_compute > 0 AND n_comm > 0) AS both_,
-           sum(seg) FILTER (WHERE n_compute + n_comm > 0) AS compute_or_comm,
-           sum(seg) FILTER (WHERE n_compute + n_comm + n_memcpy > 0) AS busy,
-           sum(seg) FILTER (WHERE n_compute + n_comm + n_memcpy + n_cpu > 0) AS busy_cpu
-    FROM sweep GROUP BY jh, rank, step),
+WITH unions AS (SELECT * FROM interval_unions('step_intervals')),
 gpu_ranks AS (SELECT DISTINCT job, rank FROM gpu_ops)
 SELECT s.job, s.rank, s.step, s.dur_ns, s.complete,
        coalesce(u.compute, 0)::BIGINT AS compute_ns, coalesce(u.comm, 0)::BIGINT AS comm_ns,

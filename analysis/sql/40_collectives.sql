@@ -1,29 +1,243 @@
--- @view collective_ranks: collectives with the key that matches one call across ranks.
--- All columns of collectives, plus instance: 'pg:<pg_name>:seq:<seq>' when the trace
---   recorded the group's sequence number, else 'pg:<pg_name>:call:<call_index>' (the
---   n-th call of that group on each rank; exact when every rank issues the same calls).
-CREATE OR REPLACE VIEW collective_ranks AS
-SELECT *, 'pg:' || coalesce(pg_name, '?') || CASE WHEN seq IS NOT NULL
-       THEN ':seq:' || seq ELSE ':call:' || call_index END AS instance
-FROM collectives;
+-- Collectives matched across ranks (docs/collectives.md has the method and a worked example).
+-- Needs: collectives, trace_files, events (store tables).
+--
+-- One call of a process group is one instance on every rank of the group. With a sequence
+-- number (args Seq, traces since late 2023) the instance is (group, seq). Without one, each
+-- rank's call sequence in the group is aligned to the group's reference rank (its lowest):
+-- the shift of call indices is chosen under which the calls' signatures (kind, dtype, size,
+-- stream) agree and their end times are most consistent (a collective ends at the same time
+-- on every rank once clocks are aligned, so at the right shift end_r - end_ref is a
+-- constant, the clock offset, plus jitter). Calls that exist on only some ranks (cut off by
+-- a trace window that starts or stops at a different call) stay unmatched (instance NULL).
 
--- @view rank_clock_offsets: per-rank clock offset against the job's lowest rank.
--- job, rank. offset_ns: median over matched collectives of (this rank's end - the reference
---   rank's end): all ranks of a collective finish together, within its transfer jitter, so
---   the median difference estimates how far this rank's clock runs ahead. Subtract it to
---   align (events_aligned does). n_samples: collectives used. 0 for the reference rank.
-CREATE OR REPLACE VIEW rank_clock_offsets AS
-WITH ref AS (SELECT job, min(rank) AS ref_rank FROM collective_ranks GROUP BY job),
+-- The kind of a collective, from the name PyTorch records (all_reduce, allreduce,
+-- _allgather_base, all_gather_into_tensor, reduce_scatter_tensor, alltoall_base, ...): one of
+-- allreduce, allgather, reduce_scatter, all_to_all, broadcast, reduce, gather, scatter,
+-- send, recv, barrier, other. The one normalisation of collective names: the views below and
+-- the replay's network model (tracetool.replay.network.KINDS) use these names.
+CREATE OR REPLACE MACRO collective_kind(name) AS (
+    WITH n AS (SELECT replace(lower(coalesce(name, '')), '_', '') AS x)
+    SELECT CASE WHEN x LIKE '%allreduce%' THEN 'allreduce'
+                WHEN x LIKE '%allgather%' THEN 'allgather'
+                WHEN x LIKE '%reducescatter%' THEN 'reduce_scatter'
+                WHEN x LIKE '%alltoall%' THEN 'all_to_all'
+                WHEN x LIKE '%broadcast%' THEN 'broadcast'
+                WHEN x LIKE '%barrier%' THEN 'barrier'
+                WHEN x LIKE '%gather%' THEN 'gather'
+                WHEN x LIKE '%scatter%' THEN 'scatter'
+                WHEN x LIKE '%reduce%' THEN 'reduce'
+                WHEN x LIKE '%send%' THEN 'send'
+                WHEN x LIKE '%recv%' THEN 'recv'
+                ELSE 'other' END FROM n);
+
+-- Two ranks' calls can be the same call: kind, dtype, bytes and stream (fields of a call's
+-- signature, see collective_ranks) equal wherever both are known.
+CREATE OR REPLACE MACRO _collective_same_call(a, b) AS
+    coalesce(a.kind = b.kind, TRUE) AND coalesce(a.dtype = b.dtype, TRUE)
+    AND coalesce(a.bytes = b.bytes, TRUE) AND coalesce(a.stream = b.stream, TRUE);
+
+-- @view collective_ranks: collectives with the key that matches one call across ranks.
+-- All columns of collectives, plus:
+-- kind: collective_kind(collective), the collective's normalised name.
+-- bytes: the message size nccl-tests calls S: allgather the gathered output (out_bytes, else
+--   in_bytes x group_size), the others the input (in_bytes, else out_bytes). The one
+--   definition: collective_instances and the replay's network model use it.
+-- instance: 'pg:<pg_name>:seq:<seq>' when every call of the group recorded its sequence
+--   number, else 'pg:<pg_name>:call:<n>', n the call's index on the group's reference
+--   rank (its lowest) after alignment (call_index - match_shift). NULL for a call that is
+--   unmatched: not present on every rank of the job that calls the group (a trace window
+--   that starts or ends at another call), or, without seq, whose signature differs from
+--   the reference rank's call. Everything that pairs calls across ranks
+--   (rank_clock_offsets, collective_instances, stragglers, the critical path, replay) keys
+--   on this column.
+-- match: how the instance was matched: 'seq' (sequence numbers), 'aligned' (every rank's
+--   call sequence aligned to the reference rank's), 'call_order' (the n-th call on every
+--   rank, unshifted: the group has one rank, or some rank's sequence could not be
+--   aligned). Unmatched calls have it too: how their group is matched.
+-- match_shift: this rank's shift (0 for seq, call_order and the reference rank).
+-- match_spread_ns, match_margin: how well this rank's alignment fits (NULL for seq,
+--   call_order and the reference rank): the spread of its end-time differences to the
+--   reference under the chosen shift, and the next best shift's spread / max(spread, 1 us)
+--   (NULL: no other shift is plausible).
+-- match_confident: TRUE for seq, and for aligned instances where every rank's margin is at
+--   least 3 (not ambiguous); only these set clock offsets (rank_clock_offsets).
+--
+-- The alignment. A call's signature is (kind, dtype, bytes, stream): kind as above (send and
+-- recv are one kind, 'p2p'; an unknown name is itself, lowercased),
+-- dtype lowercased, bytes = in_bytes except for all_to_all and p2p (their sizes differ by
+-- rank), stream the kernel stream's ordinal among the rank's streams of the group (stream
+-- ids are per process); unknown fields match anything (_collective_same_call). For each
+-- rank of a group without seq, each shift |s| <= max(8, |difference of the call counts| +
+-- 3), at most 64, is scored on the pairs (reference call i < 128, this rank's call i + s):
+-- d = end_ns - reference end_ns for the pairs whose signatures agree; spread = the median
+-- absolute deviation of d over all pairs, a disagreeing pair counting as infinitely far (so
+-- a shift under which many signatures disagree cannot win). A shift is plausible with at
+-- least 2 pairs, at least half as many as the shorter sequence (at most 128) and a
+-- majority of agreeing pairs; the one with the smallest spread wins (then the most
+-- agreeing pairs, then the smallest |s|). The constant part of d is the clock offset, so
+-- clocks need not be aligned first. A rank with no plausible shift is matched by call order.
+CREATE OR REPLACE VIEW collective_ranks AS
+WITH c0 AS MATERIALIZED (  -- every call, narrowed to what matching needs
+    SELECT job, rank, coalesce(pg_name, '?') AS pg_key, call_index, seq, end_ns,
+           kernel_stream, lower(dtype) AS dtype, in_bytes,
+           CASE collective_kind(collective) WHEN 'send' THEN 'p2p' WHEN 'recv' THEN 'p2p'
+                WHEN 'other' THEN lower(collective) ELSE collective_kind(collective) END AS kind
+    FROM collectives),
+streams AS (
+    SELECT job, rank, pg_key, kernel_stream,
+           row_number() OVER (PARTITION BY job, rank, pg_key ORDER BY kernel_stream) AS ord
+    FROM (SELECT DISTINCT job, rank, pg_key, kernel_stream FROM c0
+          WHERE kernel_stream IS NOT NULL)),
+calls AS MATERIALIZED (
+    SELECT c.job, c.rank, c.pg_key, c.call_index, c.seq, c.end_ns,
+           struct_pack(kind := c.kind, dtype := c.dtype,
+                       bytes := CASE WHEN c.kind IN ('all_to_all', 'p2p')
+                                     THEN NULL ELSE c.in_bytes END,
+                       stream := s.ord) AS sig
+    FROM c0 c LEFT JOIN streams s USING (job, rank, pg_key, kernel_stream)),
+g AS MATERIALIZED (  -- each rank of each group
+    SELECT job, pg_key, rank, n_calls, min(rank) OVER w AS ref_rank,
+           count(*) OVER w AS n_ranks, sum(n_seq) OVER w = sum(n_calls) OVER w AS by_seq
+    FROM (SELECT job, pg_key, rank, count(*) AS n_calls, count(seq) AS n_seq FROM c0
+          GROUP BY ALL)
+    WINDOW w AS (PARTITION BY job, pg_key)),
+cand AS (  -- candidate shifts of each non-reference rank of a group without seq
+    SELECT n.job, n.pg_key, n.rank, n.ref_rank, least(n.n_calls, r.n_calls, 128) AS n_max,
+           unnest(range(-w.k, w.k + 1)) AS shift
+    FROM g n JOIN g r ON r.job = n.job AND r.pg_key = n.pg_key AND r.rank = n.ref_rank
+    CROSS JOIN LATERAL (SELECT least(64, greatest(8, abs(n.n_calls - r.n_calls) + 3)) AS k) w
+    WHERE NOT n.by_seq AND n.rank <> n.ref_rank),
+pairs AS (
+    SELECT c.job, c.pg_key, c.rank, c.shift, c.n_max, x.end_ns - f.end_ns AS d,
+           coalesce(_collective_same_call(f.sig, x.sig) AND d IS NOT NULL, FALSE) AS agree
+    FROM cand c
+    JOIN calls f ON f.job = c.job AND f.pg_key = c.pg_key AND f.rank = c.ref_rank
+                AND f.call_index < 128
+    JOIN calls x ON x.job = c.job AND x.pg_key = c.pg_key AND x.rank = c.rank
+                AND x.call_index = f.call_index + c.shift AND x.call_index < 128 + 64),
+score AS (
+    SELECT job, pg_key, rank, shift, count(*) FILTER (agree) AS n_agree,
+           -- a disagreeing pair is an outlier: 4e18 ns away from every real difference
+           mad(CASE WHEN agree THEN d ELSE 4000000000000000000 END)::BIGINT AS mad_ns
+    FROM pairs GROUP BY ALL
+    HAVING count(*) >= greatest(2, any_value(n_max) // 2)
+       AND 2 * count(*) FILTER (agree) > count(*)),
+ranked AS (
+    SELECT job, pg_key, rank, shift,
+           CASE WHEN mad_ns < 1000000000000000000 THEN mad_ns END AS spread_ns,
+           row_number() OVER (PARTITION BY job, pg_key, rank
+                              ORDER BY spread_ns NULLS LAST, n_agree DESC, abs(shift),
+                                       shift) AS pos
+    FROM score),
+shifts AS (  -- the chosen shift of each rank that has a plausible one
+    SELECT b.job, b.pg_key, b.rank, b.shift, b.spread_ns,
+           u.spread_ns / greatest(b.spread_ns, 1000) AS margin
+    FROM ranked b
+    LEFT JOIN ranked u ON u.job = b.job AND u.pg_key = b.pg_key AND u.rank = b.rank
+                      AND u.pos = 2 AND u.spread_ns IS NOT NULL
+    WHERE b.pos = 1 AND b.spread_ns IS NOT NULL),
+r AS (  -- each rank of each group: its shift, and what makes its calls uncertain
+    SELECT g.*, CASE WHEN g.by_seq THEN 0 ELSE coalesce(s.shift, 0) END AS match_shift,
+           s.spread_ns, s.margin,
+           NOT g.by_seq AND g.rank <> g.ref_rank AND s.shift IS NULL AS unaligned,
+           coalesce(s.margin < 3, FALSE) AS ambiguous
+    FROM g LEFT JOIN shifts s USING (job, pg_key, rank)),
+grp AS (  -- each group: how it is matched, and (no seq) the positions on all of its ranks
+    SELECT job, pg_key, any_value(by_seq) AS by_seq,
+           max(-match_shift) AS lo, min(n_calls - 1 - match_shift) AS hi,
+           CASE WHEN any_value(by_seq) THEN 'seq'
+                WHEN any_value(n_ranks) = 1 OR bool_or(unaligned) THEN 'call_order'
+                ELSE 'aligned' END AS match,
+           any_value(by_seq) OR (any_value(n_ranks) > 1
+                                 AND NOT bool_or(unaligned OR ambiguous)) AS confident
+    FROM r GROUP BY ALL),
+p AS (  -- pos: the call's position in its group, the same on every rank for one call
+    SELECT c.job, c.rank, c.pg_key, c.seq, c.sig, c.call_index - r.match_shift AS pos,
+           r.ref_rank, r.n_ranks, r.by_seq
+    FROM calls c JOIN r USING (job, pg_key, rank)),
+bad AS (  -- positions (no seq) where some rank's call is not the reference rank's call
+    SELECT DISTINCT x.job, x.pg_key, x.pos
+    FROM p x JOIN p f ON f.job = x.job AND f.pg_key = x.pg_key AND f.pos = x.pos
+                     AND f.rank = f.ref_rank
+    WHERE NOT x.by_seq AND x.rank <> x.ref_rank AND NOT _collective_same_call(f.sig, x.sig)),
+seq_ok AS (  -- sequence numbers present on every rank of their group
+    SELECT job, pg_key, seq FROM p WHERE by_seq
+    GROUP BY ALL HAVING count(DISTINCT rank) = any_value(n_ranks))
+SELECT c.*, collective_kind(c.collective) AS kind,
+       CASE WHEN collective_kind(c.collective) = 'allgather'
+            THEN coalesce(c.out_bytes, c.in_bytes * c.group_size)
+            ELSE coalesce(c.in_bytes, c.out_bytes) END AS bytes,
+       CASE WHEN grp.by_seq AND o.seq IS NOT NULL THEN 'pg:' || r.pg_key || ':seq:' || c.seq
+            WHEN NOT grp.by_seq AND c.call_index - r.match_shift BETWEEN grp.lo AND grp.hi
+             AND b.pos IS NULL
+            THEN 'pg:' || r.pg_key || ':call:' || (c.call_index - r.match_shift)
+       END AS instance,
+       grp.match, r.match_shift, r.spread_ns AS match_spread_ns, r.margin AS match_margin,
+       grp.confident AS match_confident
+FROM collectives c
+JOIN r ON r.job = c.job AND r.rank = c.rank AND r.pg_key = coalesce(c.pg_name, '?')
+JOIN grp ON grp.job = r.job AND grp.pg_key = r.pg_key
+LEFT JOIN bad b ON b.job = c.job AND b.pg_key = r.pg_key
+               AND b.pos = c.call_index - r.match_shift
+LEFT JOIN seq_ok o ON o.job = c.job AND o.pg_key = r.pg_key AND o.seq = c.seq;
+
+-- @view collective_matching: how each rank's calls of each process group were matched, and
+--   how well (one row per job, group and rank; `tracetool report` warns from it).
+-- job, pg_name, rank. ref_rank: the group's reference rank (its lowest in the job).
+-- match: 'seq', 'aligned' (this rank's calls were aligned; for the reference rank: every
+--   other rank's were) or 'call_order' (no plausible alignment: matched by call index).
+-- n_calls: the rank's calls in the group; n_matched: those with an instance;
+--   n_unmatched = n_calls - n_matched (calls cut off by a window, or differing signatures).
+-- shift, spread_ns, margin: the alignment against the reference rank (collective_ranks'
+--   match_shift, match_spread_ns, match_margin; NULL unless this rank was aligned).
+-- ambiguous: margin < 3: another shift fits the end times almost as well, so the chosen
+--   one may be wrong (its instances set no clock offsets).
+CREATE OR REPLACE VIEW collective_matching AS
+WITH r AS (
+    SELECT job, coalesce(pg_name, '?') AS pg_key, any_value(pg_name) AS pg_name, rank,
+           count(*) AS n_calls, count(instance) AS n_matched,
+           any_value(match) AS group_match, any_value(match_shift) AS shift,
+           any_value(match_spread_ns) AS spread_ns, any_value(match_margin) AS margin
+    FROM collective_ranks GROUP BY job, pg_key, rank)
+SELECT job, pg_name, rank, min(rank) OVER w AS ref_rank,
+       CASE WHEN group_match = 'seq' THEN 'seq' WHEN spread_ns IS NOT NULL THEN 'aligned'
+            WHEN rank = min(rank) OVER w AND group_match = 'aligned' THEN 'aligned'
+            ELSE 'call_order' END AS match,
+       n_calls, n_matched, n_calls - n_matched AS n_unmatched,
+       CASE WHEN spread_ns IS NOT NULL THEN shift END AS shift, spread_ns, margin,
+       coalesce(margin < 3, FALSE) AS ambiguous
+FROM r WINDOW w AS (PARTITION BY job, pg_key);
+
+-- @view _collective_matched: (private) the matched calls (collective_ranks with an
+--   instance), each with its rank's clock offset; rank_clock_offsets and
+--   collective_instances read it, so the matching is computed once per query.
+-- All columns of collective_ranks, plus offset_ns, n_samples: see rank_clock_offsets.
+CREATE OR REPLACE VIEW _collective_matched AS
+WITH m AS (SELECT * FROM collective_ranks WHERE instance IS NOT NULL),
+ref AS (SELECT job, min(rank) AS ref_rank FROM m GROUP BY job),
 d AS (
     SELECT c.job, c.rank, c.end_ns - r.end_ns AS diff
-    FROM collective_ranks c JOIN ref USING (job)
-    JOIN collective_ranks r ON r.job = c.job AND r.rank = ref.ref_rank
-                           AND r.instance = c.instance
-    WHERE c.end_ns IS NOT NULL AND r.end_ns IS NOT NULL)
-SELECT f.job, f.rank, coalesce(quantile_disc(d.diff, 0.5), 0)::BIGINT AS offset_ns,
-       count(d.diff) AS n_samples
-FROM trace_files f LEFT JOIN d ON d.job = f.job AND d.rank = f.rank
-GROUP BY f.job, f.rank;
+    FROM m c JOIN ref USING (job)
+    JOIN m r ON r.job = c.job AND r.rank = ref.ref_rank AND r.instance = c.instance
+    WHERE c.match_confident AND c.end_ns IS NOT NULL AND r.end_ns IS NOT NULL),
+o AS (SELECT job, rank, quantile_disc(diff, 0.5)::BIGINT AS offset_ns,
+             count(diff) AS n_samples FROM d GROUP BY ALL)
+SELECT m.*, coalesce(o.offset_ns, 0) AS offset_ns, coalesce(o.n_samples, 0) AS n_samples
+FROM m LEFT JOIN o USING (job, rank);
+
+-- @view rank_clock_offsets: per-rank clock offset against the job's lowest rank with a
+--   matched collective.
+-- job, rank. offset_ns: median over confidently matched collectives (match_confident: seq,
+--   or an unambiguous alignment) of (this rank's end - the reference rank's end): all
+--   ranks of a collective finish together, within its transfer jitter, so the median
+--   difference estimates how far this rank's clock runs ahead. Subtract it to align
+--   (events_aligned does). n_samples: collectives used. 0 for the reference rank, and for
+--   a rank with no confident match (n_samples 0).
+CREATE OR REPLACE VIEW rank_clock_offsets AS
+WITH o AS (SELECT DISTINCT job, rank, offset_ns, n_samples FROM _collective_matched)
+SELECT f.job, f.rank, coalesce(o.offset_ns, 0) AS offset_ns,
+       coalesce(o.n_samples, 0) AS n_samples
+FROM (SELECT DISTINCT job, rank FROM trace_files) f LEFT JOIN o USING (job, rank);
 
 -- @view events_aligned: events with times moved onto the reference rank's clock.
 -- All columns of events; ts_ns and end_ns minus the rank's offset_ns (rank_clock_offsets).
@@ -33,23 +247,27 @@ SELECT e.* REPLACE (e.ts_ns - coalesce(o.offset_ns, 0) AS ts_ns,
 FROM events e LEFT JOIN rank_clock_offsets o USING (job, rank);
 
 -- @view collective_instances: each collective call matched across the ranks of its group;
---   one row per (instance, rank), times on the aligned clock.
--- job, instance (see collective_ranks), pg_name, collective, rank, step.
+--   one row per (instance, rank), times on the aligned clock. Unmatched calls
+--   (collective_ranks.instance NULL) are not here; collective_matching counts them.
+-- job, instance (see collective_ranks), pg_name, collective, kind, rank, step. eid: the call's
+--   row in collectives (job, rank, eid).
+-- match, match_confident: how the instance was matched (collective_ranks).
 -- arrival_ns, end_ns: when this rank's transfer started (kernel or gloo span) and ended.
 -- dur_ns: end_ns - arrival_ns on this rank.
 -- n_ranks: ranks of the job seen in this instance; group_size: ranks the group has.
 -- first_arrival_ns, last_arrival_ns: over the ranks; skew_ns = last - first arrival.
--- last_rank: the rank that arrived last. wait_ns: last_arrival_ns - arrival_ns, the time this
---   rank waited for the last one.
+-- last_rank: the rank that arrived last. wait_ns: the part of this rank's transfer before
+--   the last rank arrived, min(last_arrival_ns, end_ns) - arrival_ns (0 for the last rank):
+--   never more than dur_ns, so no rank waits longer than its time in collectives.
+-- match_error_ns: max - min of the ranks' aligned end_ns: how well the matched calls agree
+--   (a collective ends together on all ranks; broadcast roots may finish early).
 -- transfer_ns: the shortest per-rank duration, i.e. the last arrival's: the transfer itself.
--- bytes: the message size nccl-tests calls S (allgather: the gathered output; others: the
---   input). algbw_gbps = bytes / transfer_ns (GB/s); busbw_gbps = algbw * factor, factor
+-- bytes: collective_ranks.bytes, the message size nccl-tests calls S. algbw_gbps = bytes / transfer_ns (GB/s); busbw_gbps = algbw * factor, factor
 --   2(n-1)/n for allreduce, (n-1)/n for allgather / reduce_scatter / alltoall, 1 otherwise.
 CREATE OR REPLACE VIEW collective_instances AS
 WITH c AS (
-    SELECT c.*, c.ts_ns - coalesce(o.offset_ns, 0) AS arrival_ns,
-           c.end_ns - coalesce(o.offset_ns, 0) AS aligned_end_ns
-    FROM collective_ranks c LEFT JOIN rank_clock_offsets o USING (job, rank)),
+    SELECT *, ts_ns - offset_ns AS arrival_ns, end_ns - offset_ns AS aligned_end_ns
+    FROM _collective_matched),
 i AS (
     SELECT *,
            count(*) OVER w AS n_ranks,
@@ -57,23 +275,20 @@ i AS (
            max(arrival_ns) OVER w AS last_arrival_ns,
            arg_max(rank, arrival_ns) OVER w AS last_rank,
            min(aligned_end_ns - arrival_ns) OVER w AS transfer_ns,
-           lower(collective) AS coll
+           max(aligned_end_ns) OVER w - min(aligned_end_ns) OVER w AS match_error_ns
     FROM c WINDOW w AS (PARTITION BY job, instance))
-SELECT job, instance, pg_name, collective, rank, step, arrival_ns,
+SELECT job, instance, pg_name, collective, kind, rank, eid, step, match, match_confident,
+       arrival_ns,
        aligned_end_ns AS end_ns, aligned_end_ns - arrival_ns AS dur_ns, n_ranks,
        coalesce(group_size, n_ranks) AS group_size, first_arrival_ns, last_arrival_ns,
        last_arrival_ns - first_arrival_ns AS skew_ns, last_rank,
-       last_arrival_ns - arrival_ns AS wait_ns, transfer_ns,
-       CASE WHEN coll LIKE '%allgather%' OR coll LIKE '%all_gather%'
-            THEN coalesce(out_bytes, in_bytes * coalesce(group_size, n_ranks))
-            ELSE coalesce(in_bytes, out_bytes) END AS bytes,
+       greatest(0, least(last_arrival_ns, aligned_end_ns) - arrival_ns) AS wait_ns,
+       match_error_ns, transfer_ns, bytes,
        bytes / nullif(transfer_ns, 0) AS algbw_gbps,
        bytes / nullif(transfer_ns, 0) * (
-           CASE WHEN coll LIKE '%allreduce%' OR coll LIKE '%all_reduce%'
+           CASE WHEN kind = 'allreduce'
                 THEN 2.0 * (coalesce(group_size, n_ranks) - 1) / coalesce(group_size, n_ranks)
-                WHEN coll LIKE '%allgather%' OR coll LIKE '%all_gather%'
-                  OR coll LIKE '%reduce_scatter%' OR coll LIKE '%reducescatter%'
-                  OR coll LIKE '%all_to_all%' OR coll LIKE '%alltoall%'
+                WHEN kind IN ('allgather', 'reduce_scatter', 'all_to_all')
                 THEN 1.0 * (coalesce(group_size, n_ranks) - 1) / coalesce(group_size, n_ranks)
                 ELSE 1.0 END) AS busbw_gbps
 FROM i;
@@ -89,19 +304,19 @@ FROM i;
 CREATE OR REPLACE VIEW stragglers AS
 WITH ci AS (SELECT * FROM collective_instances WHERE n_ranks > 1),
 late AS (
-    SELECT a.job, a.rank, a.instance, a.arrival_ns,
+    SELECT a.job, a.rank, a.eid, a.instance, a.arrival_ns,
            (SELECT sum(b.wait_ns) FROM ci b WHERE b.job = a.job AND b.instance = a.instance)
                AS caused,
            a.arrival_ns - (SELECT max(b.arrival_ns) FROM ci b WHERE b.job = a.job
                            AND b.instance = a.instance AND b.rank <> a.rank) AS lateness
     FROM ci a WHERE a.rank = a.last_rank),
-prev AS (  -- this rank's previous collective end, on its own clock
-    SELECT c.job, c.rank, c.instance, c.ts_ns AS arrival_raw,
+prev AS (  -- this rank's previous collective end (matched or not), on its own clock
+    SELECT c.job, c.rank, c.eid, c.ts_ns AS arrival_raw,
            lag(c.end_ns) OVER (PARTITION BY c.job, c.rank ORDER BY c.ts_ns) AS prev_end
-    FROM collective_ranks c),
+    FROM collectives c),
 windows AS (
     SELECT l.job, l.rank, coalesce(p.prev_end, p.arrival_raw) AS w0, p.arrival_raw AS w1
-    FROM late l JOIN prev p USING (job, rank, instance)),
+    FROM late l JOIN prev p USING (job, rank, eid)),
 busy AS (
     SELECT w.job, w.rank, e.name,
            sum(least(e.end_ns, w.w1) - greatest(e.ts_ns, w.w0)) AS ns

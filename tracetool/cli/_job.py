@@ -1,13 +1,16 @@
-"""Opening a store and choosing its job: shared by the commands that work on one job."""
+"""Opening a store and choosing its job, and the windows to look at: shared by the commands
+that work on one job."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import click
 import duckdb
 
 from tracetool.analysis.connect import connect
+from tracetool.analysis.windows import Windows, parse_window
 
 
 def open_job(store: Path, job: str | None) -> tuple[duckdb.DuckDBPyConnection, str]:
@@ -22,3 +25,23 @@ def open_job(store: Path, job: str | None) -> tuple[duckdb.DuckDBPyConnection, s
     if job not in jobs:
         raise click.ClickException(f"{store}: no job {job!r} (jobs: {jobs})")
     return con, job
+
+
+def window_options(fn: Callable) -> Callable:
+    """--annotation / --instance / --window: windows other than ProfilerStep (docs/steps.md)."""
+    for opt in reversed([
+        click.option("--annotation", help="Use the instances of this annotation (a CPU-thread "
+                     "event name, e.g. a record_function label) instead of ProfilerSteps, "
+                     "numbered 0, 1, ... per rank."),
+        click.option("--instance", type=click.IntRange(min=0),
+                     help="With --annotation: only this instance (0-based)."),
+        click.option("--window", help="Use one time window instead of ProfilerSteps: "
+                     "START:END after the job's first event, with units (e.g. 10ms:250ms)."),
+    ]):
+        fn = opt(fn)
+    return fn
+
+
+def windows_of(annotation: str | None, instance: int | None, window: str | None) -> Windows:
+    """The Windows the options name (WindowError for a malformed or contradictory one)."""
+    return Windows(annotation, instance, parse_window(window) if window else None)

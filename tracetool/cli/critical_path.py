@@ -10,8 +10,11 @@ import click
 import duckdb
 
 from tracetool.analysis.chrome_trace import write_path_trace
+from tracetool.analysis.collectives import warn_collectives
 from tracetool.analysis.critical_path import critical_path
-from tracetool.cli._job import open_job
+from tracetool.analysis.windows import use_windows
+from tracetool.cli._job import open_job, window_options, windows_of
+from tracetool.errors import InputError
 
 
 @click.command("critical-path")
@@ -21,32 +24,44 @@ from tracetool.cli._job import open_job
 @click.option("--include-incomplete", is_flag=True,
               help="Also the incomplete steps (cut by the trace window, open, or missing on "
                    "some ranks; docs/steps.md).")
+@window_options
 @click.option("--chrome-trace", "chrome", type=click.Path(path_type=Path, dir_okay=False),
               help="Also write the events and the path as a Chrome trace (open in Perfetto).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def critical_path_command(store: Path, job: str | None, step: int | None,
-                          include_incomplete: bool, chrome: Path | None, as_json: bool) -> None:
+                          include_incomplete: bool, annotation: str | None,
+                          instance: int | None, window: str | None, chrome: Path | None,
+                          as_json: bool) -> None:
     """Compute the critical path of each step across threads, streams and ranks, and
     summarise it by kind (compute, comm, memcpy, launch_overhead, cpu, idle_wait) and by rank.
 
-    Exit code 0, or 1 when the store, job or step cannot be read (one line on stderr)."""
+    Exit code 0; 1 when the store, job or step cannot be read; 2 for an annotation or window
+    that selects nothing (one line on stderr)."""
     try:
+        windows = windows_of(annotation, instance, window)
         con, job = open_job(store, job)
+        use_windows(con, job, windows)
+        warn_collectives(con, job)
         if step is not None and not con.execute(
                 "SELECT 1 FROM steps WHERE job = ? AND step = ?", [job, step]).fetchone():
             raise click.ClickException(f"{store}: job {job} has no ProfilerStep#{step}")
         rel = critical_path(con, job, step, include_incomplete=include_incomplete)
-        cols = rel.columns
-        segs = [dict(zip(cols, r, strict=True)) for r in rel.fetchall()]
-        written = write_path_trace(con, job, segs, chrome) if chrome else None
+        report = summarize(job, rel)
+        written = None
+        if chrome:  # the only use of every segment's row
+            cols = rel.columns
+            segs = [dict(zip(cols, r, strict=True)) for r in rel.fetchall()]
+            written = write_path_trace(con, job, segs, chrome)
         con.close()
     except click.ClickException as err:
         click.echo(f"tracetool: error: {err.message}", err=True)
         sys.exit(1)
+    except InputError as err:
+        click.echo(f"tracetool: error: {err}", err=True)
+        sys.exit(2)
     except (duckdb.Error, FileNotFoundError, OSError, ValueError) as err:
         click.echo(f"tracetool: error: {store}: {str(err).strip().splitlines()[0]}", err=True)
         sys.exit(1)
-    report = summarize(job, segs)
     if chrome:
         report["chrome_trace"] = {"path": str(chrome), "events": written}
     if as_json:
@@ -64,26 +79,46 @@ def critical_path_command(store: Path, job: str | None, step: int | None,
         click.echo(f"wrote {chrome} ({written} events): open it in https://ui.perfetto.dev")
 
 
-def summarize(job: str, segs: list[dict]) -> dict:
-    """Per step: path length, time by kind and by rank, segments, rank changes."""
-    steps: dict = {}
-    for s in segs:
-        st = steps.setdefault(s["step"], {"step": s["step"], "start_ns": s["start_ns"],
-                                          "end_ns": s["end_ns"], "segments": 0,
-                                          "rank_changes": 0, "by_kind": {}, "by_rank": {},
-                                          "_last": s["rank"]})
-        st["start_ns"] = min(st["start_ns"], s["start_ns"])
-        st["end_ns"] = max(st["end_ns"], s["end_ns"])
-        st["segments"] += 1
-        st["by_kind"][s["kind"]] = st["by_kind"].get(s["kind"], 0) + s["dur_ns"]
-        key = str(s["rank"])
-        st["by_rank"][key] = st["by_rank"].get(key, 0) + s["dur_ns"]
-        if s["rank"] is not None and st["_last"] is not None and s["rank"] != st["_last"]:
-            st["rank_changes"] += 1
-        st["_last"] = s["rank"] if s["rank"] is not None else st["_last"]
-    out = []
-    for st in steps.values():
-        st.pop("_last")
-        st["dur_ns"] = st["end_ns"] - st["start_ns"]
-        out.append(st)
-    return {"job": job, "steps": out}
+# Per step of a path relation (``critical_path()``'s rows, ordered by step and seq): its
+# extent, segments, the times by kind and by rank (each list in order of first appearance on
+# the path), and how often consecutive segments change rank (segments with no rank, idle
+# filler, are skipped over: the change is counted between the ranks on either side).
+_SUMMARY_SQL = """
+WITH p AS (
+    SELECT step, seq, rank, kind, start_ns, end_ns, dur_ns,
+           last_value(rank IGNORE NULLS) OVER (PARTITION BY step ORDER BY seq
+               ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS prev_rank
+    FROM _cp_path),
+steps AS (
+    SELECT step, min(start_ns) AS start_ns, max(end_ns) AS end_ns, count(*) AS segments,
+           count(*) FILTER (WHERE rank <> prev_rank) AS rank_changes
+    FROM p GROUP BY step),
+by_kind AS (
+    SELECT step, list(struct_pack(k := kind, ns := ns) ORDER BY first) AS by_kind
+    FROM (SELECT step, kind, min(seq) AS first, sum(dur_ns)::BIGINT AS ns FROM p GROUP BY ALL)
+    GROUP BY step),
+by_rank AS (
+    SELECT step, list(struct_pack(k := coalesce(rank::VARCHAR, 'None'), ns := ns)
+                      ORDER BY first) AS by_rank
+    FROM (SELECT step, rank, min(seq) AS first, sum(dur_ns)::BIGINT AS ns FROM p GROUP BY ALL)
+    GROUP BY step)
+SELECT s.step, s.start_ns, s.end_ns, s.segments, s.rank_changes, k.by_kind, r.by_rank
+FROM steps s
+JOIN by_kind k ON k.step IS NOT DISTINCT FROM s.step
+JOIN by_rank r ON r.step IS NOT DISTINCT FROM s.step
+ORDER BY s.step NULLS LAST
+"""
+
+
+def summarize(job: str, path: duckdb.DuckDBPyRelation) -> dict:
+    """Per step: path extent and length, time by kind and by rank, segments, rank changes;
+    one aggregate query over the path relation, not its rows."""
+    steps = []
+    for step, start, end, n, changes, by_kind, by_rank in path.query(
+            "_cp_path", _SUMMARY_SQL).fetchall():
+        steps.append({"step": step, "start_ns": start, "end_ns": end, "segments": n,
+                      "rank_changes": changes,
+                      "by_kind": {d["k"]: d["ns"] for d in by_kind},
+                      "by_rank": {d["k"]: d["ns"] for d in by_rank},
+                      "dur_ns": end - start})
+    return {"job": job, "steps": steps}

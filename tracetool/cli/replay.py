@@ -12,7 +12,10 @@ from typing import TYPE_CHECKING
 import click
 import duckdb
 
-from tracetool.cli._job import open_job
+from tracetool.analysis.collectives import warn_collectives
+from tracetool.analysis.windows import use_windows
+from tracetool.cli._job import open_job, window_options, windows_of
+from tracetool.errors import InputError
 from tracetool.replay import model
 from tracetool.replay.compute import CATEGORIES, WhatIfError, parse_speedup
 from tracetool.replay.hardware import Gpu, catalog_help
@@ -56,7 +59,7 @@ def scenario_options(fn: Callable) -> Callable:
                           "missing on some ranks; docs/steps.md)."),
     ]):
         fn = opt(fn)
-    return fn
+    return window_options(fn)
 
 
 def gpu_option(option: str, text: str) -> Gpu:
@@ -92,11 +95,11 @@ def base_scenario(replayer: Replayer, source_gpu: str | None, source_net: str | 
 
 
 def fail(store: Path, err: Exception) -> None:
-    """One line on stderr; exit 2 for a what-if input that names or changes nothing (a usage
-    error, as click's), 1 for the rest."""
+    """One line on stderr; exit 2 for an input that names or changes nothing (InputError: a
+    usage error, as click's), 1 for the rest."""
     if isinstance(err, click.ClickException):
         click.echo(f"tracetool: error: {err.message}", err=True)
-    elif isinstance(err, WhatIfError):
+    elif isinstance(err, InputError):
         click.echo(f"tracetool: error: {str(err).strip().splitlines()[0]}", err=True)
         sys.exit(2)
     else:
@@ -121,7 +124,8 @@ def fail(store: Path, err: Exception) -> None:
               help="Write a PNG: measured vs projected step time by breakdown.")
 def replay_command(store: Path, job: str | None, source_gpu: str | None,
                    source_network: str | None, speedups: tuple[str, ...],
-                   include_incomplete: bool, step: int | None, gpu: str | None,
+                   include_incomplete: bool, annotation: str | None, instance: int | None,
+                   window: str | None, step: int | None, gpu: str | None,
                    network: str | None, dp_scale: int, as_json: bool, chrome: Path | None,
                    plot: Path | None) -> None:
     """Replay a job's dependency graph with new kernel and collective durations and print
@@ -136,7 +140,10 @@ def replay_command(store: Path, job: str | None, source_gpu: str | None,
 
     try:
         parse_whatifs(source_gpu, speedups, (gpu,) if gpu else ())
+        windows = windows_of(annotation, instance, window)
         con, job = open_job(store, job)
+        use_windows(con, job, windows)
+        warn_collectives(con, job)
         replayer = Replayer.from_store(con, job)
         sc = base_scenario(replayer, source_gpu, source_network, speedups)
         label = []

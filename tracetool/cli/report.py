@@ -9,6 +9,9 @@ import click
 import duckdb
 
 from tracetool.analysis.report import StoreError, first_line, make_report, open_job, to_json
+from tracetool.analysis.windows import use_windows
+from tracetool.cli._job import window_options, windows_of
+from tracetool.errors import InputError
 
 
 @click.command("report", short_help="Summarise a job: text or JSON, plus Markdown and "
@@ -20,32 +23,43 @@ from tracetool.analysis.report import StoreError, first_line, make_report, open_
 @click.option("--job", help="Job to report on (needed when the store holds several).")
 @click.option("--json", "as_json", is_flag=True,
               help="Print the summary as one JSON object instead of text.")
+@window_options
 @click.option("--include-incomplete", is_flag=True,
               help="Also the incomplete steps (cut by the trace window, open, or missing on "
                    "some ranks; docs/steps.md) in the statistics and the critical path.")
 def report_command(store: Path, out: Path, job: str | None, as_json: bool,
+                   annotation: str | None, instance: int | None, window: str | None,
                    include_incomplete: bool) -> None:
     """Summarise one job of STORE: step times per rank, where a step goes (compute, exposed
     communication, memcpy, idle), the top kernels (top CPU ops for a CPU-only job), the
     collectives and how long ranks waited at them, and the critical path when
     tracetool.analysis.critical_path can compute it.
 
-    Exit code 0 on success, 1 when the store or job cannot be read (one line on stderr)."""
+    Exit code 0 on success, 1 when the store or job cannot be read, 2 for an annotation or
+    window that selects nothing (one line on stderr)."""
     try:
+        windows = windows_of(annotation, instance, window)
         con, job = open_job(store, job)
     except StoreError as err:
         _fail(str(err))
+    except InputError as err:
+        _fail(str(err), code=2)
     # Closed here rather than left to garbage collection: a DuckDB connection that lingers
     # in a reference cycle crashes forked processes (ingest's workers) that collect it.
     with con:
         try:
+            use_windows(con, job, windows)
             report = make_report(con, job, out, store=store,
-                                 include_incomplete=include_incomplete)
+                                 include_incomplete=include_incomplete, windows=windows.label)
+        except InputError as err:
+            _fail(str(err), code=2)
         except (duckdb.Error, OSError) as err:
             _fail(f"{store}: {first_line(err)}")
     click.echo(to_json(report.summary) if as_json else report.text(), nl=as_json)
+    for warning in report.summary.get("warnings", []):  # also in the report and its JSON
+        click.echo(f"tracetool: warning: {warning}", err=True)
 
 
-def _fail(message: str) -> None:
+def _fail(message: str, code: int = 1) -> None:
     click.echo(f"tracetool: error: {message}", err=True)
-    sys.exit(1)
+    sys.exit(code)

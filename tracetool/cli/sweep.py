@@ -10,7 +10,9 @@ from pathlib import Path
 import click
 import duckdb
 
-from tracetool.cli._job import open_job
+from tracetool.analysis.collectives import warn_collectives
+from tracetool.analysis.windows import use_windows
+from tracetool.cli._job import open_job, windows_of
 from tracetool.cli.replay import GPU_HELP, base_scenario, fail, parse_whatifs, scenario_options
 from tracetool.replay.plots import plot_sweep
 
@@ -29,7 +31,8 @@ from tracetool.replay.plots import plot_sweep
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def sweep_command(store: Path, job: str | None, source_gpu: str | None,
                   source_network: str | None, speedups: tuple[str, ...],
-                  include_incomplete: bool, axes: tuple[str, ...], gpus: str | None,
+                  include_incomplete: bool, annotation: str | None, instance: int | None,
+                  window: str | None, axes: tuple[str, ...], gpus: str | None,
                   dp_scales: str | None, out: Path, as_json: bool) -> None:
     """Evaluate a grid of settings against one built graph: a table (sweep.csv) and a PNG
     (sweep.png: step time against the setting, stacked by compute / memcpy / exposed comm /
@@ -55,7 +58,10 @@ def sweep_command(store: Path, job: str | None, source_gpu: str | None,
                 raise click.ClickException(f"bad --dp-scale {dp_scales!r}: integers >= 1")
         gpu_list = [g.strip() for g in gpus.split(",")] if gpus else []
         parse_whatifs(source_gpu, speedups, tuple(gpu_list))
+        windows = windows_of(annotation, instance, window)
         con, job = open_job(store, job)
+        use_windows(con, job, windows)
+        warn_collectives(con, job)
         replayer = Replayer.from_store(con, job)
         base = base_scenario(replayer, source_gpu, source_network, speedups)
         rows = sweep(replayer, base, list(axes), gpu_list or None, scales,

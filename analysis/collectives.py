@@ -1,0 +1,111 @@
+"""Warnings about how a job's collectives were matched across ranks.
+
+The matching itself is SQL (``analysis/sql/40_collectives.sql``: ``collective_ranks``,
+``collective_matching``; the method is in ``docs/collectives.md``). This module turns the
+``collective_matching`` view into one-line warnings for people: ranks whose traces hold
+different numbers of calls (their windows start or stop at different collectives), calls left
+unmatched, alignments that are ambiguous or impossible. ``tracetool report`` puts them in the
+report and prints them on stderr; other commands print them with :func:`warn_collectives`.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any, TextIO
+
+import duckdb
+
+MAX_RANKS_LISTED = 8  # a warning names at most this many ranks, then says how many more
+
+
+def collective_warnings(con: duckdb.DuckDBPyConnection, job: str) -> list[str]:
+    """One line per problem with the matching of ``job``'s collectives, [] when none."""
+    cur = con.execute("""
+        SELECT pg_name, rank, ref_rank, match, n_calls, n_unmatched, shift, spread_ns,
+               margin * greatest(spread_ns, 1000) AS runner_up_spread_ns, ambiguous
+        FROM collective_matching WHERE job = ? ORDER BY pg_name NULLS FIRST, rank""", [job])
+    cols = [d[0] for d in cur.description]
+    groups: dict[str | None, list[dict[str, Any]]] = {}
+    for row in cur.fetchall():
+        r = dict(zip(cols, row, strict=True))
+        groups.setdefault(r["pg_name"], []).append(r)
+    out: list[str] = []
+    for pg, ranks in groups.items():
+        out += _group_warnings(_group_label(pg), ranks)
+    return out
+
+
+def warn_collectives(con: duckdb.DuckDBPyConnection, job: str,
+                     file: TextIO | None = None) -> list[str]:
+    """Print ``job``'s collective warnings, each as ``tracetool: warning: ...`` on stderr
+    (or ``file``), and return them."""
+    warnings = collective_warnings(con, job)
+    for w in warnings:
+        print(f"tracetool: warning: {w}", file=file or sys.stderr)
+    return warnings
+
+
+def _group_label(pg: str | None) -> str:
+    return "collectives (no process group recorded)" if pg is None \
+        else f"collectives of process group {pg}"
+
+
+def _ranks_text(ranks: list[int]) -> str:
+    shown = ", ".join(map(str, ranks[:MAX_RANKS_LISTED]))
+    more = len(ranks) - MAX_RANKS_LISTED
+    return shown + (f" and {more} more" if more > 0 else "")
+
+
+def _group_warnings(label: str, ranks: list[dict[str, Any]]) -> list[str]:
+    if len(ranks) < 2 or ranks[0]["match"] == "seq" and not any(
+            r["n_unmatched"] for r in ranks):
+        return []
+    out = []
+    counts = {r["rank"]: r["n_calls"] for r in ranks}
+    unmatched = sum(r["n_unmatched"] for r in ranks)
+    if len(set(counts.values())) > 1:
+        per_rank = _counts_text(counts)
+        out.append(f"{label}: ranks have different call counts ({per_rank}): their trace "
+                   f"windows start or stop at different collectives; {_n(unmatched, 'call')} "
+                   f"found on only some ranks left unmatched")
+    elif unmatched:
+        out.append(f"{label}: {_n(unmatched, 'call')} could not be matched across ranks (missing "
+                   f"on some rank, or kind, dtype, size or stream differ)")
+    ambiguous = [r for r in ranks if r["ambiguous"]]
+    if ambiguous:
+        r = ambiguous[0]
+        out.append(
+            f"{label}: the alignment of rank{'s' if len(ambiguous) > 1 else ''} "
+            f"{_ranks_text([a['rank'] for a in ambiguous])} to rank {r['ref_rank']} is "
+            f"ambiguous (rank {r['rank']}: shift {r['shift']} spreads end times by "
+            f"{_us(r['spread_ns'])}, the next best shift by {_us(r['runner_up_spread_ns'])}); "
+            f"those instances do not set clock offsets")
+    if ranks[0]["match"] != "seq":
+        unaligned = [r["rank"] for r in ranks
+                     if r["match"] == "call_order" and r["rank"] != r["ref_rank"]]
+        if unaligned:
+            out.append(f"{label}: the calls of rank{'s' if len(unaligned) > 1 else ''} "
+                       f"{_ranks_text(unaligned)} could not be aligned to rank "
+                       f"{ranks[0]['ref_rank']}'s by kind and end time; they are matched by "
+                       f"call order, where kinds agree, and do not set clock offsets")
+    return out
+
+
+def _counts_text(counts: dict[int, int]) -> str:
+    """'rank 0: 32, rank 1: 29'; for many ranks the odd ones and the usual count."""
+    if len(counts) <= MAX_RANKS_LISTED:
+        return ", ".join(f"rank {k}: {v}" for k, v in counts.items())
+    values = list(counts.values())
+    usual = max(set(values), key=values.count)
+    odd = {k: v for k, v in counts.items() if v != usual}
+    if len(odd) > MAX_RANKS_LISTED:
+        return f"{min(values)} to {max(values)} per rank"
+    return ", ".join(f"rank {k}: {v}" for k, v in odd.items()) + f", the others: {usual}"
+
+
+def _n(n: int, what: str) -> str:
+    return f"{n} {what}{'' if n == 1 else 's'}"
+
+
+def _us(ns: int | None) -> str:
+    return "?" if ns is None else f"{ns / 1e3:,.0f} us"
