@@ -45,8 +45,8 @@ EDGE_KINDS: dict[str, str] = {
             "synchronize (awaited op from cuda_sync events when recorded), blocking memcpy "
             "(its own copy, when it ended before the call returned)",
     "collective": "start of the last-arriving rank's collective kernel or gloo span -> end "
-                  "of every other rank's one (instances matched by process group and seq, "
-                  "else call order)",
+                  "of every other rank's one (instances: collective_ranks.instance; "
+                  "docs/collectives.md)",
     "stream_wait": "GPU op end -> first GPU op launched on the waiting stream after a "
                    "cudaStreamWaitEvent (cuda_sync 'Stream Wait Event'; the awaited op is the "
                    "last one launched on the recorded stream before cudaEventRecord)",
