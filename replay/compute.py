@@ -152,6 +152,8 @@ def parse_speedup(text: str) -> Speedup:
     if not sep or factor <= 0 or not math.isfinite(factor):
         raise WhatIfError(f"bad speedup {text!r}: use CATEGORY=FACTOR or name~REGEX=FACTOR "
                           "with FACTOR > 0 (e.g. gemm=1.5, name~flash=2)")
+    if factor == 1:
+        raise WhatIfError(f"bad speedup {text!r}: a factor of 1 changes nothing")
     key = key.strip()
     if key.startswith("name~"):
         try:

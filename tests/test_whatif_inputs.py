@@ -128,6 +128,7 @@ def test_gpu_help_is_built_from_the_catalog() -> None:
                              "(or name~REGEX=FACTOR)"),
     (["--speedup", "gemm"], "bad speedup 'gemm': use CATEGORY=FACTOR or name~REGEX=FACTOR "
                             "with FACTOR > 0 (e.g. gemm=1.5, name~flash=2)"),
+    (["--speedup", "gemm=1"], "bad speedup 'gemm=1': a factor of 1 changes nothing"),
     (["--speedup", "GEMM=2"], "speedup 'GEMM=2': job nl has no GPU op of category 'gemm' "
                               "(it has no GPU ops)"),
     (["--speedup", "name~zzz=2"], "speedup 'name~zzz=2': the pattern 'zzz' matches no GPU op "
