@@ -21,6 +21,7 @@ import duckdb
 from tracetool.analysis.collectives import collective_warnings
 from tracetool.analysis.connect import connect
 from tracetool.numbers import round_ns
+from tracetool.text import markdown_cell, printable
 
 TOP = 15  # rows of the top kernels / ops tables and chart
 NAME_WIDTH = 80  # long C++ kernel names are cut to this in tables (never in JSON)
@@ -299,6 +300,7 @@ def _save(fig: Any, path: Path) -> None:
 
 
 def _short(name: str, width: int = NAME_WIDTH) -> str:
+    name = printable(name)
     return name if len(name) <= width else name[:width - 1] + "…"
 
 
@@ -494,9 +496,10 @@ class Report:
 
     def text(self) -> str:
         """The terminal summary: every section's text and tables, charts as file paths."""
-        out = [f"tracetool report: job {self.summary['job']}"]
+        out = [printable(f"tracetool report: job {self.summary['job']}")]
         for s in self.sections:
-            out += ["", s.title, "-" * len(s.title), *s.lines]
+            title = printable(s.title)
+            out += ["", title, "-" * len(title), *map(printable, s.lines)]
             for headers, body in s.tables:
                 out += text_table(headers, body)
             if s.image:
@@ -647,7 +650,10 @@ def _sections(s: dict[str, Any], charts: dict[str, str], store: Path | str | Non
 
 
 def text_table(headers: list[str], body: list[list[str]]) -> list[str]:
-    """Aligned columns: numbers to the right, text to the left."""
+    """Aligned columns: numbers to the right, text to the left; control characters in the
+    cells shown as escapes (names come from traces)."""
+    headers = [printable(h) for h in headers]
+    body = [[printable(c) for c in r] for r in body]
     widths = [max([len(h)] + [len(r[i]) for r in body]) for i, h in enumerate(headers)]
     right = [all(_numeric(r[i]) for r in body) for i in range(len(headers))]
 
@@ -670,21 +676,15 @@ def _numeric(text: str) -> bool:
         return False
 
 
-def _md_cell(text: str) -> str:
-    """Text safe in a Markdown table: C++ names hold |, *, _, ` and <...> (read as HTML)."""
-    for ch in "\\|*_`":
-        text = text.replace(ch, "\\" + ch)
-    return text.replace("<", "&lt;")
-
-
 def _markdown(title: str, sections: list[Section]) -> str:
-    out = [f"# {title}", ""]
+    out = [f"# {markdown_cell(title)}", ""]
     for s in sections:
-        out += [f"## {s.title}", ""]
-        out += [x for line in s.lines for x in (_md_cell(line), "")]
+        out += [f"## {markdown_cell(s.title)}", ""]
+        out += [x for line in s.lines for x in (markdown_cell(line), "")]
         for headers, body in s.tables:
-            out += ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
-            out += ["| " + " | ".join(_md_cell(c) for c in r) + " |" for r in body]
+            out += ["| " + " | ".join(markdown_cell(h) for h in headers) + " |",
+                    "|" + "---|" * len(headers)]
+            out += ["| " + " | ".join(markdown_cell(c) for c in r) + " |" for r in body]
             out.append("")
         if s.image:
             out += [f"![{s.title}]({s.image})", ""]

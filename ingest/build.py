@@ -24,7 +24,13 @@ from tracetool.schema import TRACE_FILES
 
 from . import derive as derive_mod
 from .decode import Issue, PieceResult, issues_table
-from .metadata import base_time_ns, distributed_rank, parse_members, rank_from_file_name
+from .metadata import (
+    MAX_RANK,
+    base_time_ns,
+    distributed_rank,
+    parse_members,
+    rank_from_file_name,
+)
 from .options import ET_NAME, FileResult, Options
 from .source import Piece, SourceInfo, TraceFileError, pieces, sha256_of
 from .store import StoredFile
@@ -179,6 +185,8 @@ def _build(
     if rank is None:
         raise FileFailed("no rank: the trace has no distributedInfo.rank and the file name "
                          "has no rank/worker number; pass --rank N")
+    if rank > MAX_RANK:  # the store's rank (a hive partition) is a 32-bit integer
+        raise FileFailed(f"rank {rank} (from {source}) is outside 0..{MAX_RANK}")
     res.rank = rank
 
     base = base_time_ns(keys)

@@ -11,6 +11,7 @@ import msgspec
 from .decode import _repair
 
 _decoder = msgspec.json.Decoder()
+MAX_RANK = 2**31 - 1  # the store's rank column is an INTEGER (the hive partition rank=N)
 RANK_IN_NAME = re.compile(r"(?:^|[^a-z0-9])(?:rank|worker)[-_]?(\d+)", re.IGNORECASE)
 KEY_VALUE = re.compile(
     rb'"(baseTimeNanoseconds|traceName|displayTimeUnit|schemaVersion)"\s*:\s*'

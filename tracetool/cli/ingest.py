@@ -9,6 +9,7 @@ from pathlib import Path
 
 import click
 
+from tracetool.ingest.metadata import MAX_RANK
 from tracetool.ingest.pipeline import FileResult, Options, UsageProblem, ingest
 from tracetool.store_views import StoreFormatError
 
@@ -18,7 +19,7 @@ from tracetool.store_views import StoreFormatError
 @click.option("--store", type=click.Path(path_type=Path), default=Path("tracetool-store"),
               show_default=True, help="Store directory (created if missing).")
 @click.option("--job", help="Job name for these ranks (default: the directory's name).")
-@click.option("--rank", type=click.IntRange(min=0),
+@click.option("--rank", type=click.IntRange(min=0, max=MAX_RANK),
               help="Rank of a single file (overrides distributedInfo and the file name).")
 @click.option("--force", is_flag=True, help="Re-ingest and replace what the store holds.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object per file.")

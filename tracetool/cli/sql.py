@@ -10,6 +10,7 @@ import click
 import duckdb
 
 from tracetool.analysis.connect import connect, setup_sql
+from tracetool.text import printable
 
 FORMATS = ("table", "csv", "json", "parquet")
 
@@ -84,8 +85,10 @@ def _jsonable(v: object) -> object:
 
 
 def _table(cols: list[str], rows: list[tuple]) -> str:
-    """A plain aligned text table (all rows, no truncation: this is for shells and logs)."""
-    cells = [[("NULL" if v is None else str(v)) for v in r] for r in rows]
+    """A plain aligned text table (all rows, no truncation: this is for shells and logs);
+    control characters shown as escapes (tracetool.text.printable)."""
+    cols = [printable(c) for c in cols]
+    cells = [[("NULL" if v is None else printable(str(v))) for v in r] for r in rows]
     widths = [max([len(c)] + [len(r[i]) for r in cells]) for i, c in enumerate(cols)]
     line = "  ".join(c.ljust(w) for c, w in zip(cols, widths, strict=True)).rstrip()
     out = [line, "  ".join("-" * w for w in widths)]

@@ -1,0 +1,102 @@
+"""Hostile input (issue 12). Names from a trace are hostile text (item 9): a kernel or op
+name with newlines, terminal escape sequences or Markdown must not inject headings or links
+into report.md, nor escape sequences into the terminal through report, diff or sql's table
+output. A rank the store cannot hold is refused at the door (item 1)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from tracetool.ingest.pipeline import Options, ingest
+from tracetool.text import markdown_cell, printable
+
+from ._util import kineto_text, run, write, x
+
+HEADING = "gemm\n# injected heading\n"
+LINK = "[click](javascript:alert(1))"
+OSC = "evil\x1b]0;pwned\x07kernel"  # an OSC sequence: retitles the terminal
+NAMES = (HEADING + LINK, OSC, "a|b|c\r\u2028x")
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    d = tmp_path_factory.mktemp("hostile")
+    events = [x("ProfilerStep#1", 0, 1000, cat="user_annotation")]
+    for i, name in enumerate(NAMES):
+        t = 10 + 300 * i
+        events += [x(name, t, 100, tid=1),
+                   x("cudaLaunchKernel", t + 10, 5, cat="cuda_runtime", correlation=i + 1),
+                   x(name, t + 50, 200, cat="kernel", pid=0, tid=7, device=0, stream=7,
+                     correlation=i + 1)]
+    trace = write(d / "rank0.json", kineto_text(events, rank=0))
+    s = d / "store"
+    assert ingest([trace], Options(store=s, job="j"))[0].status == "ingested"
+    return s
+
+
+def test_printable_and_markdown_cell() -> None:
+    assert printable(OSC) == "evil\\x1b]0;pwned\\x07kernel"
+    assert printable("a\nb\tc\u2028") == "a\\nb\\tc\\u2028"
+    assert printable("plain name<int>") == "plain name<int>"
+    # the escape's backslash is escaped too: Markdown shows \n, not a line break
+    assert markdown_cell(HEADING + LINK) == (
+        "gemm\\\\n# injected heading\\\\n\\[click\\](javascript:alert(1))")
+    assert markdown_cell("a|b_c*<T>") == "a\\|b\\_c\\*&lt;T>"
+
+
+def test_report_markdown_carries_no_markup_from_names(store: Path, tmp_path: Path) -> None:
+    code, out, err = run("report", store, "--out", tmp_path / "r")
+    assert code == 0, err
+    md = (tmp_path / "r" / "report.md").read_text(encoding="utf-8")
+    assert not any(line.startswith("# injected") for line in md.splitlines())
+    assert "[click](" not in md and "\\[click\\](javascript:alert(1))" in md
+    assert "\x1b" not in md and markdown_cell(OSC) in md
+    # every table keeps its columns: no name broke a row with | or a newline
+    tables, current = [], []
+    for line in md.splitlines() + [""]:
+        if line.startswith("|"):
+            current.append(len(re.findall(r"(?<!\\)\|", line)))
+        elif current:
+            tables, current = tables + [current], []
+    assert len(tables) >= 4 and all(len(set(t)) == 1 for t in tables)
+    assert any("evil" in line for line in md.splitlines() if line.startswith("|"))
+    for text in (out, err):
+        assert "\x1b" not in text and "\x07" not in text and "# injected heading\n" not in text
+    assert "evil\\x1b]0;pwned\\x07kernel" in out
+
+
+def test_diff_and_sql_tables_escape_control_characters(store: Path) -> None:
+    code, out, err = run("diff", store, store)
+    assert code == 0, err
+    assert "\x1b" not in out and "\\x1b]0;pwned\\x07kernel" in out
+    code, out, err = run("sql", store, "SELECT DISTINCT name FROM kernels ORDER BY name")
+    assert code == 0, err
+    assert "\x1b" not in out and "\r" not in out
+    assert out.splitlines()[2:5] == sorted(printable(n) for n in NAMES)
+    code, out, err = run("sql", store, "SELECT DISTINCT name FROM kernels ORDER BY name",
+                         "--format", "csv")  # machine formats keep the names as they are
+    assert code == 0 and "\x1b]0;pwned\x07" in out
+
+
+def test_a_rank_beyond_32_bits_is_an_error_for_that_file(tmp_path: Path) -> None:
+    """Issue 12, item 1: a rank of 2^31 used to be stored, and then every query of every job
+    failed to cast the hive partition; now it is refused, one line, and the store stays
+    readable."""
+    (tmp_path / "a").mkdir()
+    good = write(tmp_path / "a" / "rank0.json", kineto_text([x("aten::mm", 0, 10)], rank=0))
+    bad = write(tmp_path / "b.json", kineto_text([x("aten::mm", 0, 10)], rank=2**31))
+    s = tmp_path / "store"
+    code, out, err = run("ingest", good, "--store", s, "--job", "ok")
+    assert code == 0, err
+    code, out, err = run("ingest", bad, "--store", s, "--job", "big")
+    assert code == 1
+    assert err == (f"tracetool: error: {bad}: rank 2147483648 (from distributedInfo) is "
+                   "outside 0..2147483647\n")
+    code, out, err = run("ingest", good, "--store", s, "--job", "opt", "--rank", "2147483648")
+    assert code == 2 and "2147483648 is not in the range" in err
+    code, out, err = run("sql", s, "SELECT job, rank FROM trace_files ORDER BY job")
+    assert code == 0 and out.splitlines()[2].split() == ["ok", "0"]
+    assert len(out.splitlines()) == 4  # header, rule, one row, the count
