@@ -7,8 +7,10 @@ input order, so two inputs can never silently claim the same (job, rank).
 
 from __future__ import annotations
 
+import errno
 import os
 import re
+import stat
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 from dataclasses import replace
@@ -18,7 +20,7 @@ from . import decode
 from .build import build_file
 from .options import TRACE_SUFFIXES, FileResult, Options, UsageProblem
 from .source import is_gzip
-from .store import JOB_NAME, Store, StoredFile
+from .store import JOB_NAME, MAX_JOB_NAME, Store, StoredFile
 from .workers import Workers
 
 __all__ = ["FileResult", "Options", "UsageProblem", "ingest"]
@@ -30,9 +32,17 @@ def expand_inputs(paths: Iterable[Path]) -> tuple[list[Path], list[FileResult]]:
     files: list[Path] = []
     errors: list[FileResult] = []
     for p in paths:
-        if p.is_dir():
-            found = sorted(f for f in p.iterdir() if f.is_file() and
-                           f.name.endswith(TRACE_SUFFIXES))
+        problem = _unreadable(p)
+        if problem:
+            errors.append(FileResult(str(p), "error", problem))
+        elif p.is_dir():
+            try:
+                found = sorted(f for f in p.iterdir() if f.is_file() and
+                               f.name.endswith(TRACE_SUFFIXES))
+            except OSError as err:
+                errors.append(FileResult(str(p), "error", f"cannot list the directory: "
+                                         f"{err.strerror or err}"))
+                continue
             if not found:
                 errors.append(FileResult(str(p), "error", "directory holds no .json or "
                                          ".json.gz trace files"))
@@ -47,6 +57,26 @@ def expand_inputs(paths: Iterable[Path]) -> tuple[list[Path], list[FileResult]]:
             seen.add(key)
             unique.append(f)
     return unique, errors
+
+
+def _unreadable(p: Path) -> str | None:
+    """Why ``p`` cannot be an input, or None: a symlink loop, a path that cannot be looked
+    up, something other than a regular file or a directory (a FIFO would block the read
+    forever). A path that does not exist is left to the file's own error."""
+    try:
+        p.resolve(strict=False)
+        st = p.stat()
+    except RuntimeError:
+        return "symlink loop"
+    except FileNotFoundError:
+        return None
+    except OSError as err:
+        if err.errno == errno.ELOOP:
+            return "symlink loop"
+        return f"cannot be looked up: {err.strerror or err}"
+    if stat.S_ISDIR(st.st_mode) or stat.S_ISREG(st.st_mode):
+        return None
+    return "not a regular file (a FIFO, socket or device): give a trace file"
 
 
 def default_job(paths: list[Path], files: list[Path]) -> str:
@@ -94,6 +124,9 @@ def ingest(
     job = opts.job or default_job(paths, files)
     if not JOB_NAME.match(job):
         raise UsageProblem(f"invalid job name {job!r}: use letters, digits, '.', '_', '+', '-'")
+    if len(job) > MAX_JOB_NAME:  # it names a directory: file systems take 255 bytes
+        raise UsageProblem(f"invalid job name {job[:40]!r}...: {len(job)} characters, at most "
+                           f"{MAX_JOB_NAME}")
     if opts.rank is not None and len(files) > 1:
         raise UsageProblem("--rank applies to a single trace file, but several were given")
     opts = replace(opts, job=job)

@@ -22,6 +22,7 @@ from tracetool.store_views import STORE_FORMAT, check_format
 from .options import UsageProblem
 
 JOB_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]*$")
+MAX_JOB_NAME = 200  # the job=<name> directory must fit a file name (255 bytes)
 
 
 @dataclass(frozen=True)

@@ -100,3 +100,25 @@ def test_a_rank_beyond_32_bits_is_an_error_for_that_file(tmp_path: Path) -> None
     code, out, err = run("sql", s, "SELECT job, rank FROM trace_files ORDER BY job")
     assert code == 0 and out.splitlines()[2].split() == ["ok", "0"]
     assert len(out.splitlines()) == 4  # header, rule, one row, the count
+
+
+def test_inputs_that_are_not_trace_files_are_one_line_errors(tmp_path: Path) -> None:
+    """Issue 12, item 7: a FIFO hung the read forever, a symlink loop and a 300-character
+    --job were tracebacks."""
+    import os
+
+    fifo = tmp_path / "fifo.json"
+    os.mkfifo(fifo)
+    loop = tmp_path / "loop.json"
+    loop.symlink_to(tmp_path / "loop2.json")
+    (tmp_path / "loop2.json").symlink_to(loop)
+    s = tmp_path / "store"
+    for path, message in ((fifo, "not a regular file (a FIFO, socket or device): give a "
+                                 "trace file"), (loop, "symlink loop")):
+        code, out, err = run("ingest", path, "--store", s, "--rank", "0")
+        assert (code, err) == (1, f"tracetool: error: {path}: {message}\n")
+    good = write(tmp_path / "rank0.json", kineto_text([x("aten::mm", 0, 10)], rank=0))
+    code, out, err = run("ingest", good, "--store", s, "--job", "j" * 300)
+    assert code == 2 and "Traceback" not in err  # a usage error, as click prints them
+    assert err.splitlines()[-1] == ("Error: invalid job name 'jjjjjjjjjjjjjjjjjjjjjjjjjjjjjjjjjjj"
+                                    "jjjjj'...: 300 characters, at most 200")
