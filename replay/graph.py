@@ -368,10 +368,13 @@ def _rank_steps(con: duckdb.DuckDBPyConnection, job: str, steps: np.ndarray, slo
     ops = con.execute(
         """SELECT o.rank, o.eid, o.step FROM step_gpu_ops o JOIN cp_nodes n ON n.job = o.job
            AND n.rank = o.rank AND n.eid = o.eid WHERE o.job = ?""", [job]).fetchnumpy()
-    row_of = {(int(r), int(k)): i for i, (r, k) in enumerate(zip(rank, st["step"],
-                                                                  strict=True))}
-    op_row = np.array([row_of.get((int(r), int(k)), -1) for r, k in
-                       zip(ops["rank"], ops["step"], strict=True)], dtype=np.int64)
+    # each op's row: rows are sorted by (rank, step), so one searchsorted on a packed key
+    row_key = (rank << 32) + np.asarray(st["step"], dtype=np.int64)
+    op_key = (ops["rank"].astype(np.int64) << 32) + ops["step"].astype(np.int64)
+    op_row = np.full(len(op_key), -1, dtype=np.int64)
+    if n:
+        pos = np.minimum(np.searchsorted(row_key, op_key), n - 1)
+        op_row = np.where(row_key[pos] == op_key, pos, -1)
     op_end = op_row >= 0
     op_end[op_end] = ends[op_row[op_end]]
     end_row = [ps, ps, op_row[op_end]]
