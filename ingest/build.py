@@ -21,8 +21,10 @@ import pyarrow as pa
 
 from tracetool import __version__
 from tracetool.schema import TRACE_FILES
+from tracetool.signals import raise_if_interrupted
 
 from . import derive as derive_mod
+from .budget import BudgetExceeded, TmpBudget, default_budget
 from .decode import Issue, PieceResult, issues_table
 from .metadata import (
     MAX_RANK,
@@ -32,7 +34,7 @@ from .metadata import (
     rank_from_file_name,
 )
 from .options import ET_NAME, FileResult, Options
-from .source import Piece, SourceInfo, TraceFileError, pieces, sha256_of
+from .source import Piece, SourceInfo, TraceFileError, is_gzip, pieces, sha256_of
 from .store import StoredFile
 from .workers import Workers, decode_all
 
@@ -85,11 +87,17 @@ def build_file(
             return res
     own = workers is None
     workers = workers or Workers(1)
+    budget = TmpBudget(workdir, opts.tmp_budget or default_budget(size, is_gzip(path)),
+                       explicit=opts.tmp_budget is not None)
     try:
-        _build(path, opts, workers, opts.rank, workdir, res, progress)
-    except (TraceFileError, FileFailed) as err:
+        _build(path, opts, workers, workdir, res, progress, budget)
+    except (TraceFileError, FileFailed, BudgetExceeded) as err:
         res.status, res.message = "error", str(err)
+    except RuntimeError:  # DuckDB reports a signal during a query as 'Query interrupted'
+        raise_if_interrupted()
+        raise
     except duckdb.Error as err:  # e.g. out of memory or disk in the derivation stage
+        raise_if_interrupted()
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         res.status, res.message = "error", f"derivation stage failed: {first}"
     except OSError as err:  # writing the work files (reading the trace is TraceFileError)
@@ -103,8 +111,8 @@ def build_file(
 
 
 def _build(
-    path: Path, opts: Options, workers: Workers, rank_option: int | None, work: Path,
-    res: FileResult, progress: Callable[[int], None] | None,
+    path: Path, opts: Options, workers: Workers, work: Path, res: FileResult,
+    progress: Callable[[int], None] | None, budget: TmpBudget,
 ) -> None:
     stage = work / "stage"
     built = work / "built"
@@ -114,6 +122,7 @@ def _build(
 
     def reported(it: Iterator[Piece]) -> Iterator[Piece]:
         for p in it:
+            budget.check()
             if progress:
                 progress(info.bytes_on_disk)
             yield p
@@ -176,8 +185,8 @@ def _build(
 
     # rank: distributedInfo, then --rank, then the file name; --rank wins when given
     rank, source = None, None
-    if rank_option is not None:
-        rank, source = rank_option, "option"
+    if opts.rank is not None:
+        rank, source = opts.rank, "option"
     elif (r := distributed_rank(keys)) is not None:
         rank, source = r, "distributedInfo"
     elif (r := rank_from_file_name(path)) is not None:
@@ -193,7 +202,9 @@ def _build(
     di = keys.get("distributedInfo") if isinstance(keys.get("distributedInfo"), dict) else None
     pg_ranks = _pg_ranks(di)
     t0 = time.perf_counter()
+    budget.check(force=True)
     con = derive_mod.connect(work, workers.workers, opts.memory_limit)
+    con.execute(f"SET max_temp_directory_size = '{budget.remaining()}B'")
     try:
         d = derive_mod.derive(con, stage, built, offsets, total, base, pg_ranks, workers.run)
     finally:

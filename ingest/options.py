@@ -24,6 +24,9 @@ class Options:
     workers: int = 0
     piece_bytes: int = 16 << 20  # decoded per worker task; bounds worker memory
     memory_limit: str = "256MB"  # DuckDB's buffer pool for the derivation stage (it spills)
+    # an event larger than this is quarantined unread (source.DEFAULT_MAX_EVENT_BYTES)
+    max_event_bytes: int = 64 << 20
+    tmp_budget: int | None = None  # bytes of work files per trace file (None: budget.py's default)
 
 
 @dataclass

@@ -81,10 +81,17 @@ def _unreadable(p: Path) -> str | None:
 
 def default_job(paths: list[Path], files: list[Path]) -> str:
     """--job default: the directory named on the command line, else the files' folder."""
-    dirs = [p for p in paths if p.is_dir()]
+    dirs = [p for p in paths if _is_dir(p)]
     base = dirs[0] if dirs else (files[0].resolve().parent if files else Path.cwd())
     name = re.sub(r"[^A-Za-z0-9._+-]", "_", base.resolve().name) or "job"
     return name if JOB_NAME.match(name) else "job_" + name
+
+
+def _is_dir(p: Path) -> bool:
+    try:
+        return p.is_dir()
+    except OSError:  # e.g. inside a directory we may not search (reported per file)
+        return False
 
 
 def _size(f: Path) -> int:
@@ -133,6 +140,8 @@ def ingest(
     store = Store(opts.store)
     store.create()
     store.check_format()
+    with store.lock():
+        store.reclaim()  # work files of dead ingests on this host
     stored = store.stored_files()
     workers = Workers(opts.workers or os.cpu_count() or 1)
     small = [f for f in files if _size(f) <= opts.piece_bytes]
@@ -163,17 +172,24 @@ def ingest(
                 prog = progress_factory(f, _size(f)) if progress_factory else None
                 r = build_file(f, opts, wd, stored, workers, prog)
             try:
-                r = _commit(r, store, stored, committed, opts.force)
+                if r.status == "built":
+                    with store.lock():  # what other ingests committed meanwhile counts
+                        r = _commit(r, store, store.stored_files(), committed, opts.force)
             finally:
                 store.cleanup(wd)
                 workdirs.remove(wd)
             results.append(r)
             if on_result:
                 on_result(r)
+    except BaseException as err:
+        # an interrupt: stop the workers now, not after their tasks
+        workers.close(kill=not isinstance(err, Exception))
+        raise
     finally:
         workers.close()  # first: no worker may still write into a work dir
         for wd in workdirs:
             store.cleanup(wd)
+        store.remove_retired()
     return results
 
 
@@ -186,6 +202,13 @@ def _commit(r: FileResult, store: Store, stored: list[StoredFile], committed: di
         r.status = "error"
         r.message = (f"job {r.job} rank {r.rank} is also claimed by {committed[r.rank]} in "
                      "this ingest; pass the files separately with --rank or --job")
+        return r
+    same = [s for s in stored if s.job == r.job and s.sha256 == r.sha256]
+    if same and not force:  # committed by another ingest since this one began
+        s = same[0]
+        r.status, r.rank, r.built = "skipped", s.rank, ""
+        r.message = (f"already ingested as job {s.job} rank {s.rank} (same sha256, by "
+                     "another ingest); use --force to re-ingest")
         return r
     clash = [s for s in stored if s.job == r.job and s.rank == r.rank]
     if clash and not force:

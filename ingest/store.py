@@ -1,26 +1,34 @@
 """The trace store on disk: where each (job, rank) lives and how it is replaced atomically.
 
 Layout: ``STORE/data/job=J/rank=R/<table>/part-N.parquet``. An ingest builds the whole ``rank=R``
-directory under ``STORE/.tmp/`` (same file system) and renames it into place, so readers see
-either the old partition or the new one, never a mix.
+directory under ``STORE/.tmp/`` (same file system) and moves it into place under the store's
+lock (``lock.py``): a new rank by one rename, a replaced one by one atomic exchange of the two
+directories (``renameat2(RENAME_EXCHANGE)``), so a reader sees the old partition or the new
+one, never neither and never a mix, and a crash at any point leaves one of them in place.
 """
 
 from __future__ import annotations
 
+import ctypes
+import errno
 import json
 import os
 import re
 import shutil
+import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow.parquet as pq
 
+from tracetool.errors import StoreError
 from tracetool.store_views import STORE_FORMAT, check_format
 
+from .lock import StoreLock, owner_gone, owner_tag
 from .options import UsageProblem
 
+RETIRE_GRACE_S = 2.0  # a replaced partition stays readable this long for queries under way
 JOB_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]*$")
 MAX_JOB_NAME = 200  # the job=<name> directory must fit a file name (255 bytes)
 
@@ -40,26 +48,37 @@ class Store:
         self.root = Path(root)
         self.data = self.root / "data"
         self.tmp = self.root / ".tmp"
+        # trace_files part -> (its (inode, mtime, size), its rows): re-read only what changed
+        self._stored: dict[Path, tuple[tuple[int, int, int], list[StoredFile]]] = {}
+        self._retired: list[tuple[float, Path]] = []  # (when, replaced partition in .tmp)
 
     def create(self) -> None:
-        """Make the store's directory (UsageProblem when the path cannot be one)."""
+        """Make the store's directory (UsageProblem when the path cannot be one, StoreError
+        when it cannot be written)."""
         if self.root.exists() and not self.root.is_dir():
             raise UsageProblem(f"--store {self.root} is not a directory")
         try:
             self.root.mkdir(parents=True, exist_ok=True)
+            self.tmp.mkdir(exist_ok=True)
+            if not os.access(self.tmp, os.W_OK | os.X_OK):
+                raise PermissionError(errno.EACCES, os.strerror(errno.EACCES))
         except OSError as err:
-            raise UsageProblem(f"cannot create the store {self.root}: "
-                               f"{err.strerror or err}") from None
+            raise StoreError(f"{self.root}: cannot write to the store: "
+                             f"{err.strerror or err}") from None
 
     def check_format(self) -> None:
         """A store with data must be of this tracetool's format (StoreFormatError)."""
         if self.data.is_dir():
             check_format(self.root)
 
+    def lock(self) -> StoreLock:
+        """The store's commit lock (``with store.lock(): ...``)."""
+        return StoreLock(self.root)
+
     def _write_format(self) -> None:
         f = self.root / "format.json"
         if not f.exists():
-            tmp = self.root / f".format.json.{uuid.uuid4().hex}"
+            tmp = self.tmp / f"{owner_tag()}-format-{uuid.uuid4().hex}"
             tmp.write_text(json.dumps({"format": STORE_FORMAT}) + "\n")
             os.replace(tmp, f)
 
@@ -67,38 +86,134 @@ class Store:
         return self.data / f"job={job}" / f"rank={rank}"
 
     def new_workdir(self) -> Path:
-        d = self.tmp / uuid.uuid4().hex
+        """A work directory named after this process, so that a later ingest can tell when
+        it is left over from a dead one (``reclaim``)."""
+        d = self.tmp / f"{owner_tag()}-{uuid.uuid4().hex}"
         d.mkdir(parents=True)
         return d
 
+    def reclaim(self) -> list[str]:
+        """Under the lock: remove the .tmp entries of dead ingests on this host (work
+        directories, old partitions not yet deleted), first putting back an old partition
+        whose replacement never arrived. Returns the names removed."""
+        removed = []
+        for entry in sorted(self.tmp.iterdir()) if self.tmp.is_dir() else []:
+            if not owner_gone(entry.name) or entry.name.endswith(".origin"):
+                continue
+            origin = entry.with_name(entry.name + ".origin")
+            if origin.exists():
+                target = Path(origin.read_text())
+                if not target.exists():  # a crash between the two renames of _replace
+                    entry.rename(target)
+                origin.unlink()
+            if entry.is_dir():
+                shutil.rmtree(entry, ignore_errors=True)
+            elif entry.exists():
+                entry.unlink()
+            removed.append(entry.name)
+        for origin in self.tmp.glob("*.origin") if self.tmp.is_dir() else []:
+            if owner_gone(origin.name) and not origin.with_suffix("").exists():
+                origin.unlink()
+        return removed
+
     def stored_files(self) -> list[StoredFile]:
+        """What the store holds, one row per trace file (cached: only partitions changed
+        since the last call are read again, so a commit of rank 1,000 stays cheap)."""
         out = []
+        seen: dict[Path, tuple[tuple[int, int, int], list[StoredFile]]] = {}
         for f in sorted(self.data.glob("job=*/rank=*/trace_files/*.parquet")):
-            part = f.parent.parent
-            job = part.parent.name.split("=", 1)[1]
-            rank = int(part.name.split("=", 1)[1])
-            t = pq.read_table(f, columns=["path", "file_name", "sha256", "bytes"]).to_pylist()
-            for r in t:
-                out.append(StoredFile(job, rank, r["path"], r["file_name"], r["sha256"],
-                                      r["bytes"]))
+            try:
+                st = f.stat()
+            except FileNotFoundError:  # replaced while we listed: its successor is listed
+                continue
+            sig = (st.st_ino, st.st_mtime_ns, st.st_size)
+            cached = self._stored.get(f)
+            rows = cached[1] if cached and cached[0] == sig else self._read_stored(f)
+            seen[f] = (sig, rows)
+            out += rows
+        self._stored = seen
         return out
 
+    @staticmethod
+    def _read_stored(f: Path) -> list[StoredFile]:
+        part = f.parent.parent
+        job = part.parent.name.split("=", 1)[1]
+        rank = int(part.name.split("=", 1)[1])
+        t = pq.read_table(f, columns=["path", "file_name", "sha256", "bytes"]).to_pylist()
+        return [StoredFile(job, rank, r["path"], r["file_name"], r["sha256"], r["bytes"])
+                for r in t]
+
     def commit(self, job: str, rank: int, built: Path) -> None:
-        """Move a fully written partition into place, replacing any old one."""
+        """Move a fully written partition into place, replacing any old one atomically.
+        The caller holds the lock."""
         self._write_format()
         target = self.partition(job, rank)
         target.parent.mkdir(parents=True, exist_ok=True)
-        trash = None
-        if target.exists():
-            trash = self.tmp / f"trash-{uuid.uuid4().hex}"
-            target.rename(trash)
+        if not target.exists():
+            built.rename(target)
+            return
+        try:
+            exchange(built, target)  # built now holds the old partition
+            old = built.rename(self.tmp / f"{owner_tag()}-old-{uuid.uuid4().hex}")
+        except OSError as err:
+            if err.errno not in (errno.ENOSYS, errno.EINVAL, errno.ENOTSUP):
+                raise
+            old = self._replace(built, target)
+        self._retired.append((time.monotonic(), old))
+        self.remove_retired(wait=False)
+
+    def remove_retired(self, wait: bool = True) -> None:
+        """Delete replaced partitions once RETIRE_GRACE_S old (a query that listed their
+        files just before the replace can still read them); ``wait``: all of them, sleeping
+        out the grace (the end of an ingest)."""
+        keep = []
+        for when, old in self._retired:
+            left = when + RETIRE_GRACE_S - time.monotonic()
+            if left > 0 and wait:
+                time.sleep(left)
+            elif left > 0:
+                keep.append((when, old))
+                continue
+            shutil.rmtree(old, ignore_errors=True)
+        self._retired = keep
+
+    def _replace(self, built: Path, target: Path) -> Path:
+        """Replace without an exchange (a file system or OS without RENAME_EXCHANGE): two
+        renames, with the old partition's place recorded first, so that a crash between them
+        is repaired by the next ingest's ``reclaim`` (readers may see the rank missing for
+        that instant)."""
+        old = self.tmp / f"{owner_tag()}-old-{uuid.uuid4().hex}"
+        origin = old.with_name(old.name + ".origin")
+        origin.write_text(str(target))
+        target.rename(old)
         built.rename(target)
-        if trash is not None:
-            shutil.rmtree(trash, ignore_errors=True)
+        origin.unlink()
+        return old
 
     def cleanup(self, workdir: Path) -> None:
         shutil.rmtree(workdir, ignore_errors=True)
-        try:
-            self.tmp.rmdir()
-        except OSError:
-            pass
+
+
+_RENAME_EXCHANGE = 2
+_AT_FDCWD = -100
+
+
+def exchange(a: Path, b: Path) -> None:
+    """Swap two paths atomically (Linux renameat2 with RENAME_EXCHANGE); OSError(ENOSYS)
+    where the C library has no renameat2."""
+    fn = getattr(_libc(), "renameat2", None)
+    if fn is None:
+        raise OSError(errno.ENOSYS, "renameat2 is not available")
+    if fn(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) != 0:
+        e = ctypes.get_errno()
+        raise OSError(e, os.strerror(e), str(a))
+
+
+_LIBC: ctypes.CDLL | None = None
+
+
+def _libc() -> ctypes.CDLL:
+    global _LIBC
+    if _LIBC is None:
+        _LIBC = ctypes.CDLL(None, use_errno=True)
+    return _LIBC

@@ -6,18 +6,24 @@ cut fell inside an event is joined with the next piece and decoded again.
 
 from __future__ import annotations
 
+import ctypes
 import gc
 import multiprocessing as mp
+import os
+import signal
+import threading
+import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor, wait
+from dataclasses import replace
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.feather as feather
 import pyarrow.parquet as pq
 
-from .decode import PieceResult, decode_piece
+from .decode import PieceResult, decode_piece, too_large
 from .finish import DICTIONARY_COLUMNS
 from .source import Piece
 
@@ -40,6 +46,8 @@ def full_events_part(stage_part: Path) -> Path:
 
 def decode_to_parts(piece: Piece, stage: str, part: int) -> PieceResult:
     """Worker entry point: decode one piece and write its tables as staged parts."""
+    if piece.too_large:  # one event over --max-event-bytes: quarantined, never read
+        return too_large(piece.offset, piece.length, piece.too_large, piece.head)
     gc_was = gc.isenabled()
     gc.disable()
     try:
@@ -68,6 +76,31 @@ def decode_to_parts(piece: Piece, stage: str, part: int) -> PieceResult:
     return res
 
 
+_PR_SET_PDEATHSIG = 1
+
+
+def _worker_init(parent: int) -> None:
+    """In each worker: die with the parent (even by kill -9, which runs no clean-up there),
+    and leave SIGINT to the parent (a Ctrl-C reaches the whole process group), which stops
+    the pool itself."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    try:
+        ok = ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL) == 0
+    except (OSError, AttributeError):  # not Linux: watch the parent instead
+        ok = False
+    if not ok:
+        threading.Thread(target=_watch_parent, args=(parent,), daemon=True).start()
+    if os.getppid() != parent:  # the parent died before the death signal was armed
+        os._exit(1)
+
+
+def _watch_parent(parent: int) -> None:
+    while os.getppid() == parent:
+        time.sleep(0.5)
+    os._exit(1)
+
+
 class Workers:
     """Runs decoding (and other per-piece or per-file work) inline or on a process pool,
     created on first need."""
@@ -86,7 +119,9 @@ class Workers:
             gc.freeze()
             try:
                 self._pool = ProcessPoolExecutor(self.workers,
-                                                 mp_context=mp.get_context("fork"))
+                                                 mp_context=mp.get_context("fork"),
+                                                 initializer=_worker_init,
+                                                 initargs=(os.getpid(),))
                 self._pool.submit(int).result()
             finally:
                 gc.unfreeze()
@@ -138,10 +173,16 @@ class Workers:
     def submit(self, fn: Callable, *args: object) -> Future:
         return self.pool().submit(fn, *args)
 
-    def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(cancel_futures=True)
-            self._pool = None
+    def close(self, kill: bool = False) -> None:
+        """Stop the pool once its running tasks end; ``kill``: at once (an interrupt: their
+        work directories are about to be removed)."""
+        if self._pool is None:
+            return
+        if kill:
+            for proc in list(getattr(self._pool, "_processes", {}).values()):
+                proc.kill()
+        self._pool.shutdown(cancel_futures=True)
+        self._pool = None
 
 
 def remove_parts(stage: Path, part: int) -> None:
@@ -153,20 +194,33 @@ def decode_all(workers: Workers, items: Iterator[Piece], stage: Path
                 ) -> list[tuple[int, PieceResult, bool]]:
     """Decode every piece; a piece whose cut fell inside an event is joined with the next
     one and decoded again (rare: only events larger than a piece, or a cut at a "}, {"
-    inside nested args). Returns (part number, result, is last) in file order."""
+    inside nested args). Joining stops at a piece never read (an event over the limit) and
+    once the event being joined is over the limit: the carried piece is decoded alone, its
+    broken last event quarantined. Returns (part number, result, is last) in file order."""
     out: list[tuple[int, PieceResult, bool]] = []
     carry: Piece | None = None
     for piece, pr in workers.map(items, stage):
+        # (a carry over twice the limit holds an event over it: pieces are at most the limit)
+        if carry is not None and (piece.too_large
+                                  or len(carry.load()) > 2 * carry.max_event_bytes):
+            alone = replace(carry, join_edges=False)
+            out.append((carry.seq, decode_to_parts(alone, str(stage), carry.seq), False))
+            carry = None
+            if pr.cut_inside_event:  # the rest of that event: a broken head, not joined
+                remove_parts(stage, piece.seq)
+                piece = replace(piece, text=piece.load(), is_first=True)
+                pr = decode_to_parts(piece, str(stage), piece.seq)
         if carry is not None:
             remove_parts(stage, piece.seq)
             piece = Piece(carry.seq, carry.load() + piece.gap + piece.load(), carry.offset,
-                          carry.is_first, piece.is_last, gap=carry.gap)
+                          carry.is_first, piece.is_last, gap=carry.gap,
+                          max_event_bytes=carry.max_event_bytes)
             pr = decode_to_parts(piece, str(stage), piece.seq)
             carry = None
         if pr.cut_inside_event:
             if not piece.is_last:
                 carry = Piece(piece.seq, piece.load(), piece.offset, piece.is_first, False,
-                              gap=piece.gap)
+                              gap=piece.gap, max_event_bytes=piece.max_event_bytes)
                 continue
             # nothing to join with: decode it alone, its broken edges quarantined
             piece = Piece(piece.seq, piece.load(), piece.offset, piece.is_first,

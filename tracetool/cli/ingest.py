@@ -9,9 +9,27 @@ from pathlib import Path
 
 import click
 
+from tracetool.errors import StoreError
+from tracetool.ingest.budget import parse_size
 from tracetool.ingest.metadata import MAX_RANK
 from tracetool.ingest.pipeline import FileResult, Options, UsageProblem, ingest
+from tracetool.signals import Interrupted, interruptible
 from tracetool.store_views import StoreFormatError
+
+
+class Size(click.ParamType):
+    """A byte count with an optional unit: 64MB, 2GiB, 500k."""
+
+    name = "size"
+
+    def convert(self, value: object, param: click.Parameter | None,
+                ctx: click.Context | None) -> int:
+        if isinstance(value, int):
+            return value
+        try:
+            return parse_size(str(value))
+        except ValueError:
+            self.fail(f"{value!r} is not a size (e.g. 512MB, 4GiB)", param, ctx)
 
 
 @click.command("ingest")
@@ -26,8 +44,14 @@ from tracetool.store_views import StoreFormatError
 @click.option("--strict", is_flag=True, help="Treat a truncated (salvaged) file as an error.")
 @click.option("--workers", type=click.IntRange(min=1),
               help="Decoding processes (default: all cores).")
+@click.option("--tmp-budget", type=Size(),
+              help="Disk the work files of one trace file may use in STORE/.tmp (e.g. 8GB; "
+              "default: 4x its JSON text, at least 1 GiB). A file that needs more fails.")
+@click.option("--max-event-bytes", type=Size(), default="64MiB", show_default=True,
+              help="An event larger than this is quarantined unread (bounds memory).")
 def ingest_command(paths: tuple[Path, ...], store: Path, job: str | None, rank: int | None,
-                   force: bool, as_json: bool, strict: bool, workers: int | None) -> None:
+                   force: bool, as_json: bool, strict: bool, workers: int | None,
+                   tmp_budget: int | None, max_event_bytes: int) -> None:
     """Ingest Kineto trace files (.json, .json.gz) or directories of them into STORE.
 
     All PATHS are ranks of one job. Each file's rank comes from --rank, else its
@@ -35,7 +59,7 @@ def ingest_command(paths: tuple[Path, ...], store: Path, job: str | None, rank: 
     file was ingested or skipped (already in the store), 1 when any failed.
     """
     opts = Options(store=store, job=job, rank=rank, force=force, strict=strict,
-                   workers=workers or 0)
+                   workers=workers or 0, tmp_budget=tmp_budget, max_event_bytes=max_event_bytes)
     failed = False
 
     def report(r: FileResult) -> None:
@@ -57,12 +81,19 @@ def ingest_command(paths: tuple[Path, ...], store: Path, job: str | None, rank: 
 
     bars = ProgressBars() if sys.stderr.isatty() and not as_json else None
     try:
-        ingest(list(paths), opts, on_result=report, progress_factory=bars)
+        with interruptible():
+            ingest(list(paths), opts, on_result=report, progress_factory=bars)
     except UsageProblem as err:
         raise click.UsageError(str(err)) from None
-    except StoreFormatError as err:
+    except (StoreFormatError, StoreError) as err:
         click.echo(f"tracetool: error: {err}", err=True)
         sys.exit(1)
+    except Interrupted as err:
+        if bars is not None:
+            bars.stop()
+        click.echo(f"tracetool: error: interrupted by {err}; the files reported above are "
+                   "in the store, the others are not", err=True)
+        sys.exit(err.exit_code)
     sys.exit(1 if failed else 0)
 
 
