@@ -128,7 +128,8 @@ def _build(
             yield p
 
     t0 = time.perf_counter()
-    results = decode_all(workers, reported(pieces(info, opts.piece_bytes)), stage)
+    cut = pieces(info, opts.piece_bytes, opts.max_event_bytes)
+    results = decode_all(workers, reported(cut), stage)
     res.timings["read_decode_s"] = round(time.perf_counter() - t0, 3)
     # A plain file is hashed now, in a thread beside the derivation stage, which leaves a
     # core partly idle; hashing while the workers decoded took CPU from them.

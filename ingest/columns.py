@@ -16,11 +16,15 @@ import pyarrow as pa
 
 from .convert import (
     EXACT_FLOAT_US,
+    TIME_BAD,
+    TIME_OK,
+    end_out_of_range,
+    end_problem,
     id_to_int64,
     int64_column,
     int_column,
     raw_text_column,
-    text_us_to_ns,
+    time_problem,
     us_column_to_ns,
 )
 from .events import ArgKeys, Event, EventArgKeys, TextTimeEvent
@@ -92,11 +96,11 @@ def args_keys(raw: msgspec.Raw | bytes) -> ArgKeys:
         return _NO_KEYS
     try:
         return _args_decoder.decode(raw)
-    except (msgspec.DecodeError, msgspec.ValidationError):
+    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
         pass
     try:
         obj = _any_decoder.decode(raw)
-    except msgspec.DecodeError:
+    except (msgspec.DecodeError, RecursionError):  # (too deep: no keys; args kept as text)
         return _NO_KEYS
     if not isinstance(obj, dict):
         return _NO_KEYS
@@ -106,12 +110,6 @@ def args_keys(raw: msgspec.Raw | bytes) -> ArgKeys:
         v = obj.get(key)
         vals[fname] = v if isinstance(v, int | float | str) and not isinstance(v, bool) else None
     return ArgKeys(**vals)
-
-
-def _times(texts: list) -> tuple[np.ndarray, np.ndarray]:
-    vals = [text_us_to_ns(t) if t else None for t in texts]
-    ns = np.array([0 if v is None else v for v in vals], dtype=np.int64)
-    return ns, np.array([v is not None for v in vals], dtype=bool)
 
 
 def kind_column(cat: pa.Array) -> pa.Array:
@@ -149,29 +147,41 @@ def build_tables(
     code = np.array([_PH_CODE.get(p, 0) for p in phases], dtype=np.int8)[idx]
     is_x = np.array([p == "X" for p in phases], dtype=bool)[idx]
 
-    ts_ns, ts_ok = us_column_to_ns(ts_v)
-    dur_ns, dur_ok = us_column_to_ns(dur_v)
-    has_fraction, max_abs = _ts_stats(ts_v, ts_ns, ts_ok)
+    ts_ns, ts_st = us_column_to_ns(ts_v)
+    dur_ns, dur_st = us_column_to_ns(dur_v)
+    has_fraction, max_abs = _ts_stats(ts_v, ts_ns, ts_st == TIME_OK)
     if max_abs >= EXACT_FLOAT_US:
         # epoch us with ns decimals (2024-03/04) do not fit a double: read their text
         texts = time_texts()
         if texts is not None:
-            ts_ns, ts_ok = _times(texts[0])
-            dur_ns, dur_ok = _times(texts[1])
+            ts_v, dur_v = texts
+            ts_ns, ts_st = us_column_to_ns(ts_v)
+            dur_ns, dur_st = us_column_to_ns(dur_v)
             has_fraction = True
+    ts_ok, dur_ok = ts_st == TIME_OK, dur_st == TIME_OK
 
-    # what cannot be stored: unknown phases, no usable ts, negative complete durations
-    missing_ts = (code > 0) & (code < 4) & ~ts_ok
+    # what cannot be stored: unknown phases, no usable ts, a time outside int64 ns (ts, dur
+    # or their sum), negative complete durations
+    timed = (code > 0) & (code < 4)
+    missing_ts = timed & ~ts_ok
+    bad_dur = (code == 1) & (dur_st == TIME_BAD)
+    bad_end = (code == 1) & ts_ok & dur_ok & end_out_of_range(ts_ns, dur_ns)
     neg_dur = is_x & dur_ok & (dur_ns < 0)
-    bad = (code == 0) | missing_ts | neg_dur
+    bad = (code == 0) | missing_ts | bad_dur | bad_end | neg_dur
     for k in np.flatnonzero(bad):
         e = events[k]
         if code[k] == 0:
             issue, detail = "unsupported_phase", f"phase {e.ph!r} is not stored ({e.name!r})"
             if not e.ph:
                 issue, detail = "empty_event", "event has no ph (e.g. an empty {} sentinel)"
+        elif missing_ts[k] and ts_st[k] == TIME_BAD:
+            issue, detail = "bad_time", time_problem("ts", ts_v[k])
         elif missing_ts[k]:
             issue, detail = "missing_ts", f"ph {e.ph!r} event without a usable ts ({e.ts!r})"
+        elif bad_dur[k]:
+            issue, detail = "bad_time", time_problem("dur", dur_v[k])
+        elif bad_end[k]:
+            issue, detail = "bad_time", end_problem(ts_v[k], dur_v[k])
         else:
             issue, detail = "negative_dur", f"complete event with negative dur {e.dur!r}"
         problems.append(Problem(int(k), issue, detail, True))
@@ -273,7 +283,7 @@ def counters_table(events: list[Event] | dict[int, Event], idx: np.ndarray, ords
         e = events[k]
         try:
             obj = _any_decoder.decode(e.args) if len(e.args) else {}
-        except msgspec.DecodeError:
+        except (msgspec.DecodeError, RecursionError):
             obj = None
         series = [(key, _num(v)) for key, v in obj.items()] if isinstance(obj, dict) else []
         series = [(key, v) for key, v in series if v is not None]

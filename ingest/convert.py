@@ -3,11 +3,13 @@
 Timestamps are microseconds, possibly fractional. A double holds them exactly enough for every
 era but one (absolute epoch us with three decimals, 2024-03/04), so the vectorised path splits
 each value into whole and fractional microseconds, and the caller re-reads the text for that
-one era (see ``text_us_to_ns``).
+one era (see ``text_us_to_ns``). Every us -> ns conversion of both decoders is range-checked
+here: a time that int64 ns cannot hold is reported (``time_problem``), never wrapped.
 """
 
 from __future__ import annotations
 
+import math
 from decimal import Decimal, InvalidOperation
 
 import numpy as np
@@ -17,57 +19,128 @@ import pyarrow.compute as pc
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 # Below 2**43 us (~101.8 days), floor + round of the fraction recovers the exact ns.
 EXACT_FLOAT_US = float(2**43)
+# |us| below this float (2**63 / 1000 rounded up to a double) converts inside int64 ns.
+MAX_ABS_US = 2**63 / 1000
+# A value beyond int64 ns in any case comes back as this (no integer of a million digits).
+FAR_NS = 2**64
+# status of a converted time value
+TIME_OK, TIME_MISSING, TIME_BAD = 0, 1, 2
 
 
 def floats_us_to_ns(values: np.ndarray) -> np.ndarray:
-    """float64 microseconds -> int64 nanoseconds, exact for |v| < 2**43 and integral v."""
+    """float64 microseconds (each |v| < MAX_ABS_US) -> int64 nanoseconds, exact for
+    |v| < 2**43 and integral v."""
     whole = np.floor(values)
     frac_ns = np.rint((values - whole) * 1000.0)
     return whole.astype(np.int64) * 1000 + frac_ns.astype(np.int64)
 
 
 def text_us_to_ns(text: str) -> int | None:
-    """One microsecond value written as JSON text (number or string) -> exact ns."""
+    """One microsecond value written as JSON text (number or string) -> exact ns; None when
+    it is not a number (NaN included). A value far outside int64 ns (Infinity, 1e400)
+    comes back as +-FAR_NS."""
     t = text.strip().strip('"').strip()
     if not t:
         return None
     head, dot, tail = t.partition(".")
-    if not any(c in t for c in "eE") and head.lstrip("-").isdigit() and (not dot or tail.isdigit()):
+    digits = head.lstrip("-")
+    if not any(c in t for c in "eE") and digits.isdigit() and (not dot or tail.isdigit()):
         neg = head.startswith("-")
-        ns = int(head.lstrip("-") or "0") * 1000 + int((tail + "000")[:3] or "0")
+        if len(digits) > 19:
+            return -FAR_NS if neg else FAR_NS
+        ns = int(digits) * 1000 + int((tail + "000")[:3] or "0")
         if len(tail) > 3 and int(tail[3]) >= 5:
             ns += 1
         return -ns if neg else ns
     try:
-        return int((Decimal(t) * 1000).to_integral_value())
+        d = Decimal(t)
     except (InvalidOperation, ValueError):
         return None
+    if d.is_nan():
+        return None
+    if d.is_infinite() or d.adjusted() > 20:
+        return -FAR_NS if d < 0 else FAR_NS
+    if d.adjusted() < -20:
+        return 0
+    return int((d * 1000).to_integral_value())
 
 
 def us_column_to_ns(values: list | tuple) -> tuple[np.ndarray, np.ndarray]:
-    """float/str/None microsecond values -> (int64 ns, valid mask)."""
+    """float/str/None microsecond values -> (int64 ns, status): TIME_OK, TIME_MISSING
+    (absent, or not a number at all) or TIME_BAD (NaN, infinite, or outside int64 ns);
+    ns is 0 where the status is not TIME_OK."""
     n = len(values)
     types = set(map(type, values))
     if types <= {float, int, type(None)}:
         arr = np.array(values, dtype=np.float64) if n else np.zeros(0)
-        valid = ~np.isnan(arr)
-        arr = np.where(valid, arr, 0.0)
-        return floats_us_to_ns(arr), valid
+        present = ~np.isnan(arr)  # None (a JSON float is never NaN)
+        ok = present & (np.abs(arr) < MAX_ABS_US)
+        status = np.where(ok, TIME_OK, np.where(present, TIME_BAD, TIME_MISSING))
+        return floats_us_to_ns(np.where(ok, arr, 0.0)), status.astype(np.int8)
     out = np.zeros(n, dtype=np.int64)
-    valid = np.zeros(n, dtype=bool)
+    status = np.full(n, TIME_MISSING, dtype=np.int8)
     for i, v in enumerate(values):
-        if v is None:
-            continue
-        if isinstance(v, str):
-            ns = text_us_to_ns(v)
-        elif isinstance(v, float | int) and not isinstance(v, bool):
-            ns = int(floats_us_to_ns(np.array([float(v)]))[0])
-        else:
-            ns = None
-        if ns is not None and INT64_MIN <= ns <= INT64_MAX:
+        st, ns = _time_value(v)
+        status[i] = st
+        if st == TIME_OK:
             out[i] = ns
-            valid[i] = True
-    return out, valid
+    return out, status
+
+
+def _time_value(v: object) -> tuple[int, int]:
+    """One microsecond value -> (status, ns)."""
+    if isinstance(v, bool) or v is None:
+        return TIME_MISSING, 0
+    if isinstance(v, float | int):
+        f = float(v)
+        if math.isnan(f) or not abs(f) < MAX_ABS_US:
+            return TIME_BAD, 0
+        return TIME_OK, int(floats_us_to_ns(np.array([f]))[0])
+    if isinstance(v, str):
+        ns = text_us_to_ns(v)
+        if ns is None:
+            nan = v.strip().strip('"').strip().lstrip("+-").lower() == "nan"
+            return (TIME_BAD if nan else TIME_MISSING), 0
+        return (TIME_OK, ns) if INT64_MIN <= ns <= INT64_MAX else (TIME_BAD, 0)
+    return TIME_MISSING, 0
+
+
+def time_problem(field: str, v: object) -> str:
+    """The one-line reason a ts or dur value of status TIME_BAD cannot be stored."""
+    shown = _number_text(v)
+    if shown.lstrip("+-").lower() == "nan":
+        return f"{field} {shown} is not a number"
+    return f"{field} {shown} us is outside the int64 ns range"
+
+
+def end_out_of_range(ts_ns: np.ndarray, dur_ns: np.ndarray) -> np.ndarray:
+    """Where ts + dur (int64 ns each) would overflow int64."""
+    with np.errstate(over="ignore"):
+        return np.where(dur_ns > 0, ts_ns > INT64_MAX - dur_ns, ts_ns < INT64_MIN - dur_ns)
+
+
+def end_problem(ts: object, dur: object) -> str:
+    """The one-line reason an event whose ts + dur overflows int64 ns cannot be stored."""
+    return (f"end ts {_number_text(ts)} + dur {_number_text(dur)} us is outside the int64 ns "
+            "range")
+
+
+def _number_text(v: object) -> str:
+    """A time value for a message, the same whether it was read as a double or as its text:
+    a double as an integer where it is one, else Python's repr; what no double holds
+    (1e400, Infinity, NaN) as written, at most 40 characters."""
+    if isinstance(v, str):
+        t = v.strip().strip('"').strip()
+        try:
+            f = float(t)
+        except ValueError:
+            f = math.nan
+        if not math.isfinite(f):
+            return t if len(t) <= 40 else t[:37] + "..."
+        v = f
+    if isinstance(v, float):
+        return str(int(v)) if v.is_integer() and abs(v) < 1e17 else repr(v)
+    return str(v)
 
 
 def to_int(v: object) -> int | None:

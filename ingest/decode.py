@@ -7,21 +7,25 @@ that fails (a cut that fell inside a nested object, invalid JSON, an unexpected 
 the file's end) the lenient path splits the piece at every candidate boundary, re-joins
 fragments that do not parse alone, repairs the known kinds of broken JSON (bad escapes, raw
 control characters, unescaped quotes, a missing value) and quarantines what it cannot read,
-counting everything.
+counting everything. Values are checked at the door: invalid UTF-8 is repaired to U+FFFD
+(the event is kept and counted as ``repaired_utf8``), so every stored string is valid; args
+nested too deep for the decoder quarantine their event instead of raising.
 """
 
 from __future__ import annotations
 
 import re
+import sys
 from dataclasses import dataclass, field
 
 import msgspec
+import numpy as np
 import pyarrow as pa
 
+from .boundary import boundaries
 from .columns import build_tables, time_texts_of_array, time_texts_of_event
 from .events import Event, EventArgKeys, LooseEvent
 
-BOUNDARY = re.compile(rb"\}\s*,\s*\{")
 # A timestamp of 14+ integer digits with decimals: absolute epoch us with ns (2024-03/04 era),
 # which a double cannot hold exactly.
 LONG_FRACTIONAL_TS = re.compile(rb'"(?:ts|dur)"\s*:\s*"?-?\d{14,}\.\d')
@@ -35,6 +39,10 @@ _argkeys_decoder = msgspec.json.Decoder(list[EventArgKeys])
 _event_decoder = msgspec.json.Decoder(Event)
 _loose_decoder = msgspec.json.Decoder(LooseEvent)
 _any_decoder = msgspec.json.Decoder()
+_raw_decoder = msgspec.json.Decoder(msgspec.Raw)  # validates the grammar, builds nothing
+# A NaN or Infinity written as the value of an event's own ts or dur (not one in its args)
+TIME_KEY_BEFORE = re.compile(rb'"(?:ts|dur)"\s*:\s*-?$')
+STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.S)
 
 
 @dataclass
@@ -94,11 +102,15 @@ def _repair(text: bytes, err: Exception) -> bytes | None:
     for q in (p, p - 1):
         if 0 <= q < len(text) and text[q] < 0x20 and "invalid character" in msg:
             return text[:q] + b"\\u%04x" % text[q] + text[q + 1 :]
-    # NaN, Infinity, -Infinity: Python's json module writes them; JSON has no such values
+    # NaN, Infinity, -Infinity: Python's json module writes them; JSON has no such values.
+    # As an event's ts or dur it becomes a string (quarantined with its reason), else null.
     for token in (b"NaN", b"Infinity"):
         if "invalid character" in msg and text.startswith(token, p):
             s = p - 1 if token == b"Infinity" and text[p - 1 : p] == b"-" else p
-            return text[:s] + b"null" + text[p + len(token) :]
+            value = b"null"
+            if TIME_KEY_BEFORE.search(text, max(0, s - 64), p) and _depth(text[:s]) == 1:
+                value = b'"' + text[s : p + len(token)] + b'"'
+            return text[:s] + value + text[p + len(token) :]
     c = text[p : p + 1]
     if "invalid escape" in msg:
         b = text.rfind(b"\\", 0, p + 1)
@@ -121,6 +133,40 @@ def _repair(text: bytes, err: Exception) -> bytes | None:
     return None
 
 
+def _depth(text: bytes) -> int:
+    """How many objects and arrays are open at the end of ``text`` (strings skipped)."""
+    t = STRING.sub(b"", text)
+    return t.count(b"{") + t.count(b"[") - t.count(b"}") - t.count(b"]")
+
+
+def deep_problem(text: bytes) -> str:
+    """Why an event the decoder refused for its nesting is quarantined, in one line."""
+    b = np.frombuffer(STRING.sub(b"", text), dtype=np.uint8)
+    step = (b == 0x7B).astype(np.int64) + (b == 0x5B) - (b == 0x7D) - (b == 0x5D)
+    depth = int(np.cumsum(step).max(initial=0))
+    return (f"nested {depth} levels deep: more than the decoder reads (about "
+            f"{sys.getrecursionlimit()})")
+
+
+def valid_utf8(text: bytes) -> bool:
+    """Whether ``text`` is valid UTF-8 (msgspec checks the strings it decodes, not those it
+    skips: args are kept raw)."""
+    if text.isascii():
+        return True
+    try:
+        text.decode("utf-8")
+        return True
+    except UnicodeDecodeError:
+        return False
+
+
+def repair_utf8(text: bytes) -> tuple[bytes, bool]:
+    """(text with each invalid UTF-8 sequence replaced by U+FFFD, whether any was)."""
+    if valid_utf8(text):
+        return text, False
+    return text.decode("utf-8", "replace").encode("utf-8"), True
+
+
 def decode_one(text: bytes) -> tuple[Event | None, str | None, bool, bytes]:
     """One event's text -> (event, problem, repaired, repaired text). Tries repairs, then
     loose types."""
@@ -128,6 +174,8 @@ def decode_one(text: bytes) -> tuple[Event | None, str | None, bool, bytes]:
     for _ in range(MAX_REPAIRS):
         try:
             return _event_decoder.decode(text), None, repaired, text
+        except RecursionError:
+            return None, deep_problem(text), repaired, text
         except msgspec.ValidationError:
             return (*_loose_to_event(text, repaired), text)
         except msgspec.DecodeError as err:
@@ -141,12 +189,17 @@ def decode_one(text: bytes) -> tuple[Event | None, str | None, bool, bytes]:
 
 def _loose_to_event(text: bytes, repaired: bool) -> tuple[Event | None, str | None, bool]:
     try:
-        obj = _any_decoder.decode(text)
+        loose = _loose_decoder.decode(text)
+    except RecursionError:
+        return None, deep_problem(text), repaired
+    except msgspec.ValidationError as err:
+        try:
+            obj = _any_decoder.decode(text)
+        except (msgspec.DecodeError, RecursionError):
+            return None, f"invalid JSON: {err}", repaired
+        return None, f"not an object: {type(obj).__name__}", repaired
     except msgspec.DecodeError as err:
         return None, f"invalid JSON: {err}", repaired
-    if not isinstance(obj, dict):
-        return None, f"not an object: {type(obj).__name__}", repaired
-    loose = _loose_decoder.decode(text)
 
     def s(v: object) -> str | None:
         if v is None:
@@ -155,7 +208,13 @@ def _loose_to_event(text: bytes, repaired: bool) -> tuple[Event | None, str | No
             return v
         return msgspec.json.encode(v).decode()
 
-    def num(v: object) -> float | str | None:
+    def num(raw: msgspec.Raw) -> float | str | None:
+        if not len(raw):
+            return None
+        try:
+            v = _any_decoder.decode(raw)
+        except msgspec.DecodeError:  # a number no double holds (1e400): its text
+            return bytes(raw).decode("utf-8", "replace")
         if v is None or isinstance(v, str) or isinstance(v, bool):
             return v if isinstance(v, str) else None
         if isinstance(v, int | float):
@@ -174,8 +233,9 @@ def _loose_to_event(text: bytes, repaired: bool) -> tuple[Event | None, str | No
         tid=pid(loose.tid), ts=num(loose.ts), dur=num(loose.dur),
         id=pid(loose.id), bp=s(loose.bp), s=s(loose.s), args=loose.args,
     )
-    if loose.ts is not None and ev.ts is None:
-        return None, f"bad field type: ts is {type(loose.ts).__name__}", repaired
+    if len(loose.ts) and ev.ts is None and bytes(loose.ts).strip() != b"null":
+        kind = {b"[": "list", b"{": "dict"}.get(bytes(loose.ts).lstrip()[:1], "bool")
+        return None, f"bad field type: ts is {kind}", repaired
     return ev, None, True
 
 
@@ -196,9 +256,11 @@ class _Lenient:
 
 def split_lenient(text: bytes, base_offset: int, is_first: bool, is_last: bool,
                   long_ts: bool | None = None) -> _Lenient:
-    """Split a piece at every candidate boundary and decode event by event."""
-    starts = [0] + [m.start() + 1 for m in BOUNDARY.finditer(text)]
-    ends = [m.start() + 1 for m in BOUNDARY.finditer(text)] + [len(text)]
+    """Split a piece at every candidate boundary outside strings and decode event by
+    event."""
+    cuts = [m.start() + 1 for m in boundaries(text)]
+    starts = [0] + cuts
+    ends = [*cuts, len(text)]
     # segment i is text[starts[i]:ends[i]] minus the separator
     segs = []
     for a, b in zip(starts, ends, strict=True):
@@ -222,10 +284,12 @@ def split_lenient(text: bytes, base_offset: int, is_first: bool, is_last: bool,
             if stripped.startswith(b","):
                 stripped = stripped[1:].lstrip()
             try:
-                _ = msgspec.json.decode(stripped) if stripped else None
+                _ = _raw_decoder.decode(stripped) if stripped else None
                 kind, pos = "ok", None
             except msgspec.DecodeError as err:
                 kind, pos = _error_kind(err)
+            except RecursionError:
+                kind, pos = "deep", None
             if kind == "truncated" and j + 1 < n and j - i < MAX_JOIN:
                 j += 1
                 chunk = text[a : segs[j][1]]
@@ -263,7 +327,7 @@ def split_lenient(text: bytes, base_offset: int, is_first: bool, is_last: bool,
             j = i
             chunk = text[a:b]
             stripped = chunk.strip()
-        if is_last and j == n - 1 and kind != "ok" and (cut := _array_close(stripped)):
+        if is_last and j == n - 1 and kind != "ok" and (cut := array_close(stripped)):
             # a broken last event: the array still closes after it
             _emit(out, stripped[:cut], off)
             out.closed, out.trailer = True, stripped[cut + 1 :]
@@ -274,7 +338,7 @@ def split_lenient(text: bytes, base_offset: int, is_first: bool, is_last: bool,
     return out
 
 
-def _array_close(text: bytes) -> int | None:
+def array_close(text: bytes) -> int | None:
     """Where the event array closes after a last event that does not parse: the first "]"
     after a "}" that leaves a valid end of the top-level object (nothing, for the bare-array
     form); failing that, the first one followed by "}", "," or nothing."""
@@ -285,9 +349,9 @@ def _array_close(text: bytes) -> int | None:
         if not rest:
             return k
         try:
-            msgspec.json.decode(b"{" + rest.removeprefix(b",").lstrip())
+            _raw_decoder.decode(b"{" + rest.removeprefix(b",").lstrip())
             return k
-        except msgspec.DecodeError:
+        except (msgspec.DecodeError, RecursionError):
             continue
     return next((k for k in cands if text[k + 1 :].lstrip()[:1] in (b"", b"}", b",")), None)
 
@@ -301,13 +365,18 @@ def _object_end(text: bytes, pos: int) -> int:
 def _emit(out: _Lenient, obj_text: bytes, offset: int) -> None:
     ordinal = out.n_read
     out.n_read += 1
+    obj_text, utf8_fixed = repair_utf8(obj_text)
     ev, problem, repaired, fixed = decode_one(obj_text)
     snippet = obj_text[:200].decode("utf-8", "replace")
     if ev is None:
         issue = "not_an_object" if problem and problem.startswith("not an object") else (
-            "bad_field_type" if problem and problem.startswith("bad field") else "invalid_json")
+            "bad_field_type" if problem and problem.startswith("bad field") else
+            "too_deep" if problem and problem.startswith("nested") else "invalid_json")
         out.issues.append(Issue(ordinal, offset, issue, problem or "", True, snippet))
         return
+    if utf8_fixed:
+        out.issues.append(Issue(ordinal, offset, "repaired_utf8",
+                                "invalid UTF-8 replaced by U+FFFD; event kept", False, snippet))
     if repaired:
         out.issues.append(Issue(ordinal, offset, "repaired_json",
                                 "invalid JSON or field types repaired; event kept", False, snippet))
@@ -335,12 +404,16 @@ def decode_piece(text: bytes, base_offset: int, is_first: bool, is_last: bool,
     res = PieceResult()
     events: list[Event] | None = None
     argkeys: list[EventArgKeys] | None = None
+    # invalid UTF-8 (which msgspec lets through inside args) is repaired event by event
+    valid = valid_utf8(text)
     body = b"[" + text + (b"" if is_last else b"]")
     try:
-        events = _events_decoder.decode(body)
-        if is_last:
+        events = _events_decoder.decode(body) if valid else None
+        if is_last and valid:
             res.array_closed = True
             res.trailer = b""
+    except RecursionError:  # args nested too deep: the lenient path quarantines the event
+        events = None
     except msgspec.DecodeError as err:
         kind, pos = _error_kind(err)
         if is_last and kind == "trailing" and pos is not None:
@@ -351,12 +424,12 @@ def decode_piece(text: bytes, base_offset: int, is_first: bool, is_last: bool,
                 res.array_closed = True
                 res.trailer = body[end:]
                 body = body[:end]
-            except msgspec.DecodeError:
+            except (msgspec.DecodeError, RecursionError):
                 events = None
     if events is not None:
         try:
             argkeys = _argkeys_decoder.decode(body)
-        except msgspec.DecodeError:
+        except (msgspec.DecodeError, RecursionError):
             argkeys = None
         ordinals = None
         res.n_read = len(events)
@@ -387,6 +460,16 @@ def decode_piece(text: bytes, base_offset: int, is_first: bool, is_last: bool,
         res.issues.append(Issue(ordinal, None, pr.issue, pr.detail, pr.quarantined))
     res.n_quarantined = sum(1 for i in res.issues if i.quarantined)
     return res
+
+
+def too_large(offset: int, size: int, limit: int, head: bytes) -> PieceResult:
+    """The result for one event larger than the limit, which is never read: quarantined
+    with its size."""
+    why = (f"event of {size} bytes is larger than the limit of {limit} bytes "
+           "(--max-event-bytes); not decoded")
+    snippet = head[:200].decode("utf-8", "replace")
+    return PieceResult(n_read=1, n_quarantined=1,
+                       issues=[Issue(0, offset, "event_too_large", why, True, snippet)])
 
 
 def _fast_piece(text: bytes, is_last: bool) -> PieceResult | None:

@@ -64,15 +64,16 @@ class EventArgKeys(msgspec.Struct, gc=False):
 
 
 class LooseEvent(msgspec.Struct, gc=False):
-    """Any JSON types at all: the fallback when an event has unexpected field types."""
+    """Any JSON types at all: the fallback when an event has unexpected field types (ts and
+    dur as their text: a number no double holds, 1e400, is still read and reported)."""
 
     ph: object = None
     cat: object = None
     name: object = None
     pid: object = None
     tid: object = None
-    ts: object = None
-    dur: object = None
+    ts: msgspec.Raw = EMPTY_RAW
+    dur: msgspec.Raw = EMPTY_RAW
     id: object = None
     bp: object = None
     s: object = None

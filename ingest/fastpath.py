@@ -18,6 +18,7 @@ import pyarrow as pa
 
 from . import _scan_kernel as K
 from .columns import KEY_COLUMNS, Problem, counters_table, kind_column, metadata_values
+from .convert import end_out_of_range
 from .events import Event
 from .kinds import EVENT_PHASES, FLOW_PHASES
 
@@ -93,7 +94,8 @@ def scan(text: bytes, is_last: bool) -> tuple[Scan | None, int, int]:
 
 def fast_tables(sc: Scan) -> tuple[dict[str, pa.Table], list[Problem], bool, float] | None:
     """``build_tables``'s result for a scanned piece, or None when an event needs the
-    general path's handling (an unsupported phase, a missing ts or dur, a string flow id)."""
+    general path's handling (an unsupported phase, a missing ts or dur, an end past int64
+    ns, a string flow id)."""
     n = sc.n
     if n == 0:
         return None
@@ -102,8 +104,11 @@ def fast_tables(sc: Scan) -> tuple[dict[str, pa.Table], list[Problem], bool, flo
     ts_ok, dur_ok = sc.col(K.F_TS_OK) != 0, sc.col(K.F_DUR_OK) != 0
     ts_ns, dur = sc.col(K.F_TS), sc.col(K.F_DUR)
     is_x = ph == ord("X")
+    # (each time the scanner reads fits int64 ns: it leaves larger ones to the general
+    # path; ts + dur may not)
     if ((code == 0) | ((code < 4) & ~ts_ok) | (is_x & ~dur_ok)).any() \
-            or (is_x & (dur < 0)).any():
+            or (is_x & (dur < 0)).any() \
+            or ((code == 1) & ts_ok & dur_ok & end_out_of_range(ts_ns, dur)).any():
         return None
     dur_ns = np.where(dur_ok, dur, 0)
     ok_ts = ts_ns[ts_ok]

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import msgspec
 
-from .decode import _repair
+from .decode import _repair, repair_utf8
 
 _decoder = msgspec.json.Decoder()
 MAX_RANK = 2**31 - 1  # the store's rank column is an INTEGER (the hive partition rank=N)
@@ -38,13 +38,16 @@ def parse_members(text: bytes, where: str, closes_object: bool = False) -> TopLe
         body = body[:-1].rstrip().rstrip(b",")
     if not body:
         return out
-    doc = b"{" + body + b"}"
+    doc = repair_utf8(b"{" + body + b"}")[0]
     for _ in range(50):
         try:
             obj = _decoder.decode(doc)
             if isinstance(obj, dict):
                 out.keys = obj
             return out
+        except RecursionError:
+            out.problems.append(f"{where}: nested too deep to decode")
+            break
         except msgspec.DecodeError as err:
             fixed = _repair(doc, err)
             if fixed is None:
@@ -53,7 +56,7 @@ def parse_members(text: bytes, where: str, closes_object: bool = False) -> TopLe
             doc = fixed
     for m in KEY_VALUE.finditer(body):
         try:
-            out.keys[m.group(1).decode()] = _decoder.decode(m.group(2))
+            out.keys[m.group(1).decode()] = _decoder.decode(repair_utf8(m.group(2))[0])
         except msgspec.DecodeError:
             continue
     return out

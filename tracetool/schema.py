@@ -356,9 +356,10 @@ INGEST_ISSUES = Table(
     (
         _c("eid", I64, "Position in traceEvents, NULL for file-level issues."),
         _c("byte_offset", I64, "Offset of the event (or problem) in the JSON text, when known."),
-        _c("issue", STR, "Short code: invalid_json, repaired_json, truncated, not_an_object, "
-           "bad_field_type, missing_ts, unsupported_phase, unmatched_end, "
-           "value_out_of_range, bad_trailer, ..."),
+        _c("issue", STR, "Short code: invalid_json, repaired_json, repaired_utf8, truncated, "
+           "not_an_object, bad_field_type, missing_ts, bad_time (ts, dur or their sum "
+           "outside int64 ns, or NaN), too_deep, event_too_large, unsupported_phase, "
+           "unmatched_end, value_out_of_range, bad_trailer, ..."),
         _c("detail", STR, "Human-readable explanation."),
         _c("quarantined", BOOL, "True when the event is not in any table."),
         _c("snippet", STR, "First 200 characters of the event text, when useful."),

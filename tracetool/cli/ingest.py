@@ -14,7 +14,6 @@ from tracetool.ingest.budget import parse_size
 from tracetool.ingest.metadata import MAX_RANK
 from tracetool.ingest.pipeline import FileResult, Options, UsageProblem, ingest
 from tracetool.signals import Interrupted, interruptible
-from tracetool.store_views import StoreFormatError
 
 
 class Size(click.ParamType):
@@ -85,7 +84,7 @@ def ingest_command(paths: tuple[Path, ...], store: Path, job: str | None, rank: 
             ingest(list(paths), opts, on_result=report, progress_factory=bars)
     except UsageProblem as err:
         raise click.UsageError(str(err)) from None
-    except (StoreFormatError, StoreError) as err:
+    except StoreError as err:  # another format, locked, not writable
         click.echo(f"tracetool: error: {err}", err=True)
         sys.exit(1)
     except Interrupted as err:
