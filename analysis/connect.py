@@ -6,6 +6,7 @@ where it is defined (purpose, every column, units), as Perfetto's SQL standard l
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from importlib import resources
 from pathlib import Path
 
@@ -28,18 +29,23 @@ def sql_file(name: str) -> str:
     return resources.files("tracetool.analysis").joinpath("sql", name).read_text()
 
 
-def setup_sql(store: Path | str) -> str:
-    """All the SQL that defines the tables' views and the analysis views over ``store``
-    (paste into the DuckDB CLI)."""
-    return table_setup_sql(store) + "\n\n" + "\n\n".join(sql for _, sql in view_files())
+def setup_sql(store: Path | str, allow_writes: Iterable[Path | str] = ()) -> str:
+    """All the SQL that opens ``store`` read-only and defines the tables' views and the
+    analysis views (paste into the DuckDB CLI: the session is then as safe as ``connect``)."""
+    return (table_setup_sql(store, allow_writes) + "\n\n"
+            + "\n\n".join(sql for _, sql in view_files()))
 
 
-def connect(store: Path | str, con: duckdb.DuckDBPyConnection | None = None
-            ) -> duckdb.DuckDBPyConnection:
+def connect(store: Path | str, con: duckdb.DuckDBPyConnection | None = None, *,
+            allow_writes: Iterable[Path | str] = ()) -> duckdb.DuckDBPyConnection:
     """A DuckDB connection with one view per store table and every analysis view.
 
-    Use ``.sql(...)`` for a relation, ``.pl()`` on it for a polars frame."""
-    con = connect_store(store, con)
+    Use ``.sql(...)`` for a relation, ``.pl()`` on it for a polars frame. Queries read only
+    the store's files and write files only under the ``allow_writes`` directories (none by
+    default); in-memory and temporary tables work, and Python frames are queried after
+    ``con.register(name, frame)``. (A COPY aimed at one of the store's own files with
+    USE_TMP_FILE false or OVERWRITE is the one write DuckDB's settings cannot stop.)"""
+    con = connect_store(store, con, allow_writes=allow_writes)
     for _, sql in view_files():
         con.execute(sql)
     return con

@@ -23,6 +23,7 @@ import pyarrow as pa
 
 from tracetool.dtypes import ELEM_BYTES
 from tracetool.schema import COLLECTIVES
+from tracetool.sqltext import path_list
 
 # Calls recorded like collectives that move no data of their own.
 NOT_COLLECTIVES = {"wait", "monitored_barrier"}
@@ -44,7 +45,12 @@ def _args(text: str | None) -> dict:
     try:
         a = msgspec.json.decode(text)
     except msgspec.DecodeError:
-        a = json.loads(text)
+        try:
+            a = json.loads(text)
+        except (ValueError, RecursionError):
+            return {}
+    except RecursionError:  # nested deeper than a decoder reads: the text is all there is
+        return {}
     return a if isinstance(a, dict) else {}
 
 
@@ -107,7 +113,7 @@ def _rows(con: duckdb.DuckDBPyConnection, sql: str) -> list[dict]:
 
 
 def build(con: duckdb.DuckDBPyConnection, out: Path, pg_ranks: dict[str, list[int]]) -> pa.Table:
-    ev, g, st = (f"read_parquet('{out / t / '*.parquet'}')"
+    ev, g, st = (f"read_parquet({path_list(sorted((out / t).glob('*.parquet')))})"
                  for t in ("events", "gpu_ops", "profiler_steps"))
     steps = _rows(con, f"SELECT step, cpu_start_ns, coalesce(cpu_end_ns, 9223372036854775807) "
                        f"AS cpu_end_ns FROM {st} ORDER BY cpu_start_ns")

@@ -20,6 +20,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from tracetool.schema import TABLES_BY_NAME
+from tracetool.sqltext import literal, path_list
 
 from .finish import FinishJob, save_dense
 from .kinds import CPU_KINDS, GPU_KINDS, LAUNCH_KINDS
@@ -57,7 +58,7 @@ def connect(tmp: Path, threads: int, memory_limit: str) -> duckdb.DuckDBPyConnec
     con = duckdb.connect()
     con.execute(f"SET threads = {max(1, threads)}")
     con.execute(f"SET memory_limit = '{memory_limit}'")
-    con.execute(f"SET temp_directory = '{tmp / 'duckdb-spill'}'")
+    con.execute(f"SET temp_directory = {literal(tmp / 'duckdb-spill')}")
     con.execute("SET preserve_insertion_order = false")
     return con
 
@@ -67,7 +68,7 @@ def _parts(stage: Path, table: str) -> list[Path]:
 
 
 def _list(files: list[Path]) -> str:
-    return "[" + ", ".join(f"'{f}'" for f in files) + "]"
+    return path_list(files)  # any store path: quoted, and never taken for a glob
 
 
 def table_dir(out: Path, table: str) -> Path:
@@ -77,7 +78,12 @@ def table_dir(out: Path, table: str) -> Path:
 
 
 def events_glob(out: Path) -> str:
-    return f"read_parquet('{out / 'events' / '*.parquet'}')"
+    return read_table(out, "events")
+
+
+def read_table(out: Path, table: str) -> str:
+    """read_parquet() over the parts of ``table`` written so far (listed, not globbed)."""
+    return f"read_parquet({_list(_parts(out, table))})"
 
 
 def copy_table(con: duckdb.DuckDBPyConnection, sql: str, out: Path, table: str) -> int:
@@ -86,7 +92,7 @@ def copy_table(con: duckdb.DuckDBPyConnection, sql: str, out: Path, table: str) 
     cols = ", ".join(f"CAST({c.name} AS {c.sql_type}) AS {c.name}" for c in t.columns)
     order = f" ORDER BY {', '.join(t.sort_key)}" if t.sort_key else ""
     path = table_dir(out, table) / "part-0.parquet"
-    con.execute(f"COPY (SELECT {cols} FROM ({sql}){order}) TO '{path}' "
+    con.execute(f"COPY (SELECT {cols} FROM ({sql}){order}) TO {literal(path)} "
                 "(FORMAT parquet, COMPRESSION zstd, ROW_GROUP_SIZE 131072)")
     return pq.ParquetFile(path).metadata.num_rows
 
@@ -303,8 +309,8 @@ def _counters(con: duckdb.DuckDBPyConnection, stage: Path, out: Path, base_ns: i
         SELECT r.* EXCLUDE (ord, piece, ts_ns), r.ord + o.off AS eid,
                r.ts_ns + {base_ns} AS ts_ns
         FROM read_parquet({_list(parts)}) r JOIN offsets o USING (piece)""", out, "counters")
-    return con.execute("SELECT count(DISTINCT eid) FROM read_parquet("
-                       f"'{out / 'counters' / '*.parquet'}')").fetchone()[0]
+    return con.execute(f"SELECT count(DISTINCT eid) FROM {read_table(out, 'counters')}"
+                       ).fetchone()[0]
 
 
 def _metadata_and_tracks(con: duckdb.DuckDBPyConnection, stage: Path, out: Path) -> int:
@@ -317,7 +323,7 @@ def _metadata_and_tracks(con: duckdb.DuckDBPyConnection, stage: Path, out: Path)
             out, "metadata_events")
     else:
         empty_table(out, "metadata_events")
-    md = f"read_parquet('{out / 'metadata_events' / '*.parquet'}')"
+    md = read_table(out, "metadata_events")
     copy_table(con, f"""
         WITH names AS (
             SELECT pid_raw, tid_raw, name, value, eid FROM {md}
@@ -445,7 +451,7 @@ def derive_steps(con: duckdb.DuckDBPyConnection, out: Path) -> None:
     view tiles the timeline from (docs/steps.md). The GPU-side start is the first GPU op at or
     after the step's GPU annotation (gpu_user_annotation ProfilerStep#N) on its device where
     the trace has one, else the earliest op launched inside the step."""
-    g = f"read_parquet('{out / 'gpu_ops' / '*.parquet'}')"
+    g = read_table(out, "gpu_ops")
     copy_table(con, f"""
         WITH gs AS (SELECT step, min(ts_ns) AS gpu_start_ns, max(end_ns) AS gpu_end_ns,
                            arg_min(eid, (ts_ns, eid)) AS first_eid, count(*) AS n_gpu_ops

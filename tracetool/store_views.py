@@ -1,29 +1,106 @@
-"""Open a trace store in DuckDB: one view per table over its Parquet partitions."""
+"""Open a trace store in DuckDB: one view per table over its Parquet partitions, on a
+connection whose queries can read the store's files and nothing else, and write no file.
+
+DuckDB cannot tell a read from a write in its allow-lists (a directory allowed for reading
+is writable too, ``COPY ... TO`` included), so the store is opened file by file: the views
+read an explicit list of the store's Parquet files (listed here, in Python), exactly those
+files are allowed (``allowed_paths``), external access is then switched off and the
+configuration locked, so no later ``SET``/``RESET`` can undo it. What that leaves a query:
+in-memory and temporary tables, and writes under the directories the caller allows; and,
+since the store's files are on the allow-list, a COPY aimed at one of them that skips
+DuckDB's temporary file (USE_TMP_FILE false) or deletes its target first (OVERWRITE), which
+``tracetool sql`` refuses before running the query.
+"""
 
 from __future__ import annotations
 
 import json
+import os
+import tempfile
+import uuid
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import duckdb
 
-from tracetool.schema import TABLES
+from tracetool.errors import StoreError
+from tracetool.schema import TABLES, TABLES_BY_NAME
+from tracetool.sqltext import exact_path, list_literal, literal, path_list
+
+HIVE = ("hive_partitioning = true, union_by_name = true, "
+        "hive_types = {'job': VARCHAR, 'rank': INTEGER}")
 
 
-def table_sql(store: Path | str, table: str) -> str:
-    """The read_parquet() expression for one table of a store (job and rank from the path)."""
-    glob = Path(store) / "data" / "job=*" / "rank=*" / table / "*.parquet"
-    return (f"read_parquet('{glob}', hive_partitioning = true, union_by_name = true, "
-            "hive_types = {'job': VARCHAR, 'rank': INTEGER})")
+def table_files(store: Path | str, table: str) -> list[Path]:
+    """Every Parquet part of one table over all jobs and ranks, sorted: the one place that
+    knows the layout ``data/job=*/rank=*/TABLE/*.parquet`` (listed in Python, so a store path
+    is never a DuckDB glob)."""
+    return sorted((Path(store).resolve() / "data").glob(f"job=*/rank=*/{table}/*.parquet"))
 
 
-def setup_sql(store: Path | str) -> str:
-    """SQL that defines a view per table over the store (for the DuckDB CLI too)."""
+def table_sql(store: Path | str, table: str, files: Sequence[Path] | None = None) -> str:
+    """The relation of one table of a store (job and rank from the path): read_parquet over
+    its files, or an empty relation of the table's columns when the store has none."""
+    files = table_files(store, table) if files is None else files
+    if files:
+        return f"read_parquet({path_list(files)}, {HIVE})"
+    cols = ", ".join(f"CAST(NULL AS {c.sql_type}) AS {c.name}"
+                     for c in TABLES_BY_NAME[table].columns)
+    return f"(SELECT {cols}, NULL::VARCHAR AS job, NULL::INTEGER AS rank WHERE false)"
+
+
+def writable_dirs(store: Path | str, allow_writes: Iterable[Path | str]) -> list[str]:
+    """The spellings DuckDB must allow for writes under ``allow_writes`` (each as written,
+    absolute, and with symlinks resolved); ValueError for a directory that holds the store
+    or lies inside it, since writes there could change the store."""
+    root = Path(store).resolve()
+    out: list[str] = []
+    for d in allow_writes:
+        real = Path(d).resolve()
+        if real == root or root in real.parents or real in root.parents:
+            raise ValueError(f"{d}: writes are not allowed in a directory that holds the store "
+                             f"or is inside it ({store})")
+        for spelling in (os.path.abspath(d), str(real)):
+            if spelling not in out:
+                out.append(spelling)
+    return out
+
+
+def lockdown_sql(files: Iterable[Path], write_dirs: Sequence[str] = ()) -> str:
+    """The settings that make a connection read only ``files`` and write only under
+    ``write_dirs``: no extension installed or loaded, no persistent secret, spills in a
+    private temporary directory (DuckDB allows writes in its temp directory, and its default
+    is ``.tmp`` in the working directory, which could be the store's), then external access
+    off and the configuration locked (``SET enable_external_access = true`` or ``RESET``
+    afterwards is an error)."""
+    allowed: list[str] = []
+    for f in files:
+        allowed += dict.fromkeys([str(f), exact_path(f)])  # as listed, and as read_parquet opens it
+    spill = Path(tempfile.gettempdir()) / f"tracetool-duckdb-{os.getpid()}-{uuid.uuid4().hex[:12]}"
+    lines = ["SET autoinstall_known_extensions = false;",
+             "SET autoload_known_extensions = false;",
+             "SET allow_community_extensions = false;",
+             "SET allow_persistent_secrets = false;",
+             # created by DuckDB only if a query spills, and removed when the connection closes
+             f"SET temp_directory = {literal(spill)};"]
+    if write_dirs:
+        lines.append(f"SET allowed_directories = {list_literal(write_dirs)};")
+    if allowed:
+        lines.append(f"SET allowed_paths = {list_literal(allowed)};")
+    lines += ["SET enable_external_access = false;", "SET lock_configuration = true;"]
+    return "\n".join(lines)
+
+
+def setup_sql(store: Path | str, allow_writes: Iterable[Path | str] = ()) -> str:
+    """SQL that opens the store read-only and defines a view per table (what
+    ``connect_store`` runs; for the DuckDB CLI too)."""
     store = Path(store).resolve()
-    return "\n".join(
-        f"CREATE OR REPLACE VIEW {t.name} AS SELECT * FROM {table_sql(store, t.name)};"
-        for t in TABLES
-    )
+    files = {t.name: table_files(store, t.name) for t in TABLES}
+    guard = lockdown_sql((f for fs in files.values() for f in fs),
+                         writable_dirs(store, allow_writes))
+    views = (f"CREATE OR REPLACE VIEW {t.name} AS SELECT * FROM "
+             f"{table_sql(store, t.name, files[t.name])};" for t in TABLES)
+    return guard + "\n" + "\n".join(views)
 
 
 # Version of the store's layout and tables; a store of another format is refused (re-ingest)
@@ -32,7 +109,7 @@ def setup_sql(store: Path | str) -> str:
 STORE_FORMAT = 2
 
 
-class StoreFormatError(OSError):
+class StoreFormatError(StoreError):
     """The store was written by a tracetool with another store format."""
 
 
@@ -52,12 +129,21 @@ def check_format(store: Path | str) -> None:
             "store")
 
 
-def connect_store(store: Path | str, con: duckdb.DuckDBPyConnection | None = None
-                  ) -> duckdb.DuckDBPyConnection:
-    """A DuckDB connection with one view per store table (events, gpu_ops, ...)."""
+def connect_store(store: Path | str, con: duckdb.DuckDBPyConnection | None = None, *,
+                  allow_writes: Iterable[Path | str] = ()) -> duckdb.DuckDBPyConnection:
+    """A DuckDB connection with one view per store table (events, gpu_ops, ...) whose
+    queries read only the store's files (as they were when it was opened: connect again to
+    see a later ingest) and write files only under ``allow_writes`` (none by default).
+
+    The settings are the database's: a ``con`` passed in is locked down too, so open one
+    store per connection."""
     if not (Path(store) / "data").is_dir():
         raise FileNotFoundError(f"{store}: not a tracetool store (no data/ directory)")
     check_format(store)
+    setup = setup_sql(store, allow_writes)
     con = con or duckdb.connect()
-    con.execute(setup_sql(store))
+    if con.execute("SELECT current_setting('lock_configuration')").fetchone()[0]:
+        raise ValueError(f"{store}: this DuckDB connection is already locked down (a store is "
+                         "open on it): open each store on its own connection")
+    con.execute(setup)
     return con

@@ -1,8 +1,16 @@
-"""``tracetool sql``: run SQL over a trace store with every analysis view defined."""
+"""``tracetool sql``: run SQL over a trace store with every analysis view defined.
+
+Queries are read-only: the store is opened by ``tracetool.connect`` (DuckDB reads only the
+store's files and writes none, its settings locked), and statements that write files (COPY,
+EXPORT) or load extensions are refused up front with the reason; ``--allow-writes DIR``
+permits writes under DIR, and ``--output`` is written here, from Python.
+"""
 
 from __future__ import annotations
 
 import json
+import os
+import re
 import sys
 from pathlib import Path
 
@@ -10,9 +18,19 @@ import click
 import duckdb
 
 from tracetool.analysis.connect import connect, setup_sql
+from tracetool.store_views import writable_dirs
 from tracetool.text import printable
 
 FORMATS = ("table", "csv", "json", "parquet")
+WRITES_HINT = "use --allow-writes DIR to write under DIR, or --output FILE for the result"
+# DuckDB's allow-list cannot tell a read from a write, and the store's files are on it: a COPY
+# onto one of them is stopped only by DuckDB's temporary file (tmp_<name> is not allowed), so
+# the options that skip it (writing in place) or delete the target first are refused.
+IN_PLACE = re.compile(r"\b(use_tmp_file|overwrite|overwrite_or_ignore)\b", re.IGNORECASE)
+
+
+class Refused(Exception):
+    """A statement tracetool sql does not run (the message says why)."""
 
 
 @click.command("sql")
@@ -21,41 +39,110 @@ FORMATS = ("table", "csv", "json", "parquet")
 @click.option("--format", "fmt", type=click.Choice(FORMATS), default="table", show_default=True,
               help="Output format (parquet needs --output).")
 @click.option("--output", "-o", type=click.Path(path_type=Path, dir_okay=False),
-              help="Write the result to this file instead of stdout.")
+              help="Write the result to this file (outside the store) instead of stdout.")
 @click.option("--json", "as_json", is_flag=True, help="Same as --format json.")
+@click.option("--allow-writes", "allow_writes", multiple=True, metavar="DIR",
+              type=click.Path(path_type=Path, file_okay=False),
+              help="Let the query write files (COPY ... TO, EXPORT) under DIR, which must be "
+                   "outside the store; repeatable. Without it queries write no file.")
 @click.option("--print-setup", is_flag=True,
-              help="Print the SQL that defines every view over STORE (for the DuckDB CLI).")
+              help="Print the SQL that opens STORE read-only and defines every view (for the "
+                   "DuckDB CLI).")
 def sql_command(store: Path, query: str | None, fmt: str, output: Path | None, as_json: bool,
-                print_setup: bool) -> None:
+                allow_writes: tuple[Path, ...], print_setup: bool) -> None:
     """Run QUERY over STORE, where the store's tables (events, gpu_ops, steps, ...) and the
     analysis views (step_breakdown, kernel_summary, collective_instances, ...) are defined.
 
-    Exit code 0 on success, 1 when the query fails (one line on stderr)."""
+    Queries cannot change the store: they read only its files and write no file unless
+    --allow-writes DIR is given (then only under DIR).
+
+    Exit code 0 on success, 1 when the query fails or is refused (one line on stderr)."""
+    try:
+        writable_dirs(store, allow_writes)
+    except ValueError as err:
+        raise click.BadParameter(str(err), param_hint="--allow-writes") from None
     if print_setup:
-        click.echo(setup_sql(store))
+        click.echo(setup_sql(store, allow_writes))
         return
     if not query:
         raise click.UsageError("give a QUERY, or --print-setup")
     fmt = "json" if as_json else fmt
     if fmt == "parquet" and output is None:
         raise click.UsageError("--format parquet needs --output FILE")
+    if output is not None and _inside(output, store):
+        raise click.BadParameter(f"{output} is inside the store {store}", param_hint="--output")
     try:
-        con = connect(store)
+        check_statements(query, writes_allowed=bool(allow_writes))
+        con = connect(store, allow_writes=allow_writes)
         rel = con.sql(query)
         if rel is None:  # a statement without a result (CREATE, SET, ...)
             return
         if fmt == "parquet":
-            rel.write_parquet(str(output))
+            _write_parquet(rel, output)
             return
         text = _render(rel, fmt)
-    except (duckdb.Error, OSError) as err:
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        click.echo(f"tracetool: error: {first}", err=True)
+    except (duckdb.Error, OSError, Refused) as err:
+        click.echo(f"tracetool: error: {_explain(err)}", err=True)
         sys.exit(1)
     if output is not None:
         output.write_text(text)
     else:
         click.echo(text, nl=not text.endswith("\n"))
+
+
+def check_statements(query: str, writes_allowed: bool) -> None:
+    """Raise Refused, before any of the query runs, for a statement that writes files (COPY,
+    EXPORT: unless writes are allowed), installs or loads an extension, or carries a COPY
+    (also inside EXPLAIN ANALYZE or PREPARE) with an option that writes in place or deletes
+    its target. DuckDB's settings block all but the last; this names the reason."""
+    st_ = duckdb.StatementType
+    for st in duckdb.extract_statements(query):
+        try:
+            kind = st.type
+        except ValueError:  # a statement type this duckdb module cannot name
+            raise Refused(f"cannot check a statement of the query: {st.query.strip()[:60]}"
+                          ) from None
+        if kind == st_.LOAD:
+            raise Refused("installing or loading DuckDB extensions is disabled")
+        if kind in (st_.COPY, st_.EXPORT) and not writes_allowed:
+            raise Refused(f"writing files is disabled ({kind.name}): {WRITES_HINT}")
+        if kind in (st_.COPY, st_.EXPORT, st_.EXPLAIN, st_.PREPARE) and IN_PLACE.search(st.query):
+            raise Refused("COPY with USE_TMP_FILE or OVERWRITE is disabled: writing in place "
+                          "could replace or delete one of the store's files")
+
+
+def _explain(err: BaseException) -> str:
+    """The error's first line, with why tracetool sql blocked it when DuckDB's settings did."""
+    text = str(err).strip()
+    first = text.splitlines()[0] if text else type(err).__name__
+    if isinstance(err, duckdb.PermissionException):
+        return (f"{first} (tracetool sql reads only the store's files and writes files only "
+                "under --allow-writes DIR)")
+    if "configuration has been locked" in first:
+        return f"{first} (tracetool sql fixes DuckDB's settings so that queries stay read-only)"
+    return first
+
+
+def _inside(path: Path, store: Path) -> bool:
+    """Whether ``path`` is in the store's directory tree (symlinks resolved)."""
+    root = store.resolve()
+    return root in path.resolve().parents
+
+
+def _write_parquet(rel: duckdb.DuckDBPyRelation, output: Path) -> None:
+    """The result as a Parquet file, written from Python (queries cannot write files):
+    streamed in batches to a temporary name beside it, then renamed into place."""
+    import pyarrow.parquet as pq
+
+    reader = rel.to_arrow_reader(1 << 17)
+    tmp = output.with_name(f".{output.name}.{os.getpid()}.tmp")
+    try:
+        with pq.ParquetWriter(tmp, reader.schema, compression="zstd") as w:
+            for batch in reader:
+                w.write_batch(batch)
+        os.replace(tmp, output)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def _render(rel: duckdb.DuckDBPyRelation, fmt: str) -> str:
