@@ -200,6 +200,7 @@ def _build(
     res.rank = rank
 
     base = base_time_ns(keys)
+    _check_base(base, max((pr.max_abs_ts_us for _, pr, _ in results), default=0.0))
     di = keys.get("distributedInfo") if isinstance(keys.get("distributedInfo"), dict) else None
     pg_ranks = _pg_ranks(di)
     t0 = time.perf_counter()
@@ -257,6 +258,18 @@ def _build(
     res.built = str(built)
     res.status = "built"
     res.message = f"{total} events read, {stored_n} stored, {quarantined} quarantined"
+
+
+INT64_MAX = 2**63 - 1
+
+
+def _check_base(base: int, max_abs_ts_us: float) -> None:
+    """Every time is ts + baseTimeNanoseconds: a base that puts the file's times outside
+    int64 ns breaks the whole file's clock, so the file is refused (FileFailed) instead of
+    failing deep in the derivation stage."""
+    if abs(base) + max_abs_ts_us * 1000 > INT64_MAX:
+        raise FileFailed(f"baseTimeNanoseconds {base} plus ts up to {max_abs_ts_us:.0f} us "
+                         "is outside the int64 ns range")
 
 
 def _collect(pr: PieceResult, base: int, issues: list[Issue], offs: list[int | None]) -> None:

@@ -419,3 +419,21 @@ def test_gigabytes_of_leading_whitespace_fail_fast(tmp_path: Path) -> None:
     assert (code, err) == (1, f"tracetool: error: {f}: no JSON text in the first 256 MB: "
                               "only whitespace\n")
     assert peak_kb < 600_000
+
+
+@pytest.mark.parametrize("base, ts", [(9_000_000_000_000_000_000, 8_999_999_999_999_990),
+                                      (-9_000_000_000_000_000_000, -8_999_999_999_999_990)])
+def test_a_base_time_that_puts_times_outside_int64_is_a_one_line_error(
+        tmp_path: Path, base: int, ts: int) -> None:
+    doc = sample_doc()
+    doc["baseTimeNanoseconds"] = base
+    doc["traceEvents"][5]["ts"] = ts  # in range alone, out of range with the base
+    f = tmp_path / "t.json"
+    f.write_text(json.dumps(doc))
+    r = run_ingest([f], tmp_path / "store", "--rank", "0")
+    assert (r.exit_code, r.stderr) == (1, (
+        f"tracetool: error: {f}: baseTimeNanoseconds {base} plus ts up to {abs(ts)} us is "
+        "outside the int64 ns range\n"))
+    doc["traceEvents"][5]["ts"] = 10  # the same base with small times is fine
+    f.write_text(json.dumps(doc))
+    assert run_ingest([f], tmp_path / "store2", "--rank", "0").exit_code == 0
