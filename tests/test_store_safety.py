@@ -179,7 +179,7 @@ def test_a_reader_never_sees_a_replaced_rank_missing(tmp_path: Path, exchange: b
             raise OSError(22, "Invalid argument")
         monkeypatch.setattr(store_mod, "exchange", no_exchange)
     reader = subprocess.Popen([sys.executable, "-c", READER, str(store.partition("j", 0)),
-                               "4"], stdout=subprocess.PIPE, text=True)
+                               "2.5"], stdout=subprocess.PIPE, text=True)
     stop = threading.Event()
     replaced = [0]
     writer = threading.Thread(target=lambda: replaced.__setitem__(
