@@ -100,6 +100,15 @@ def check_speedups(graph: ReplayGraph, speedups: tuple[Speedup, ...] | list[Spee
                           f"{s.category!r}" + ("" if n else " (it has no GPU ops)"))
 
 
+def check_scenario(graph: ReplayGraph, scenario: Scenario) -> None:
+    """``WhatIfError`` for a what-if that would change nothing the job ran, whoever asks
+    (CLI or Python): a speedup matching no GPU op, a GPU change on a job with no GPU op."""
+    check_speedups(graph, scenario.speedups)
+    if scenario.gpu is not None and not len(graph.ops["dur"]):
+        raise WhatIfError(f"GPU {scenario.gpu.name!r}: job {graph.job} has no GPU ops (a "
+                          "CPU job), so a GPU changes nothing; change its network instead")
+
+
 def _speedup_hits(ops: dict, s: Speedup) -> np.ndarray:
     """Per GPU op of the graph: does ``s`` apply to it."""
     if s.pattern is not None:
@@ -275,6 +284,7 @@ def _scaled_both(measured: np.ndarray, factor: np.ndarray, model_ns: np.ndarray
 def weights(graph: ReplayGraph, scenario: Scenario) -> Weights:
     """Edge weights of ``graph`` under ``scenario`` (the identity weights when it changes
     nothing)."""
+    check_scenario(graph, scenario)
     w = graph.base_w.copy()
     out = Weights(w, w.copy())
     if scenario.gpu is not None or scenario.speedups:

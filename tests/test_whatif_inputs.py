@@ -237,3 +237,28 @@ def test_readme_lists_the_catalog_and_the_categories() -> None:
     keys = ", ".join(f"`{k}`" for k in catalog())
     assert f"take a catalog key ({keys}:" in text
     assert f"of a category ({', '.join(CATEGORIES)};" in text
+
+
+def test_a_gpu_on_a_cpu_job_is_an_error_in_replay_and_sweep(store: Path) -> None:
+    msg = ("GPU 'H100 SXM': job nl has no GPU ops (a CPU job), so a GPU changes nothing; "
+           "change its network instead")
+    one_error(*run("replay", store, "--job", "nl", "--source-gpu", "v100", "--gpu", "h100",
+                   "--source-network", GLOO_NET), msg)
+    code, _, err = run("sweep", store, "--job", "nl", "--source-network", GLOO_NET,
+                       "--gpu", "h100", "--out", store.parent / "sweep")
+    assert (code, err) == (2, f"tracetool: error: {msg}\n")
+
+
+def test_the_python_api_refuses_what_ifs_that_change_nothing(store: Path) -> None:
+    """The same checks hold without the CLI: they live where the weights are computed."""
+    import tracetool
+    from tracetool.replay import Replayer, Scenario, resolve_gpu
+
+    r = Replayer.from_store(tracetool.connect(store), "nl")
+    with pytest.raises(WhatIfError, match=r"speedup 'gemm=2': job nl has no GPU op of "
+                                          r"category 'gemm' \(it has no GPU ops\)"):
+        r.run(Scenario(speedups=(parse_speedup("gemm=2"),)))
+    with pytest.raises(WhatIfError, match="job nl has no GPU ops"):
+        r.run(Scenario(gpu=resolve_gpu("h100")))
+    steps = r.run(Scenario()).steps  # the identity still runs, exactly
+    assert steps and all(s.projected_ns == s.measured_ns for s in steps)

@@ -87,7 +87,7 @@ def base_scenario(replayer: Replayer, source_gpu: str | None, source_net: str | 
     """The scenario the what-ifs start from: source overrides and speedups (each checked to
     change some GPU op of the replayer's job)."""
     parsed = tuple(parse_speedup(s) for s in speedups)
-    check_speedups(replayer.graph, parsed)
+    check_speedups(replayer.graph, parsed)  # before any setting runs (weights checks again)
     return Scenario(
         source_gpu=gpu_option("--source-gpu", source_gpu) if source_gpu else None,
         source_network=parse_network(_spec(source_net)) if source_net else None,
