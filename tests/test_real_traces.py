@@ -678,6 +678,7 @@ def test_identity_replay_of_every_trace(kineto_file: str, corpus: Corpus, corpus
     """Every trace replays (a job without ProfilerStep as one window) and identity gives its
     measured step times exactly; a projection onto another GPU runs on it too."""
     from tracetool.replay import Replayer, Scenario, resolve_gpu
+    from tracetool.replay.compute import WhatIfError
 
     res = corpus.results[kineto_file]
     n_graph = corpus_con.execute("""
@@ -701,8 +702,14 @@ def test_identity_replay_of_every_trace(kineto_file: str, corpus: Corpus, corpus
         (s,) = steps
         assert s.step is None
     assert all(s.projected_ns == s.measured_ns for s in steps)
-    projected = r.run(Scenario(gpu=resolve_gpu("b200"), source_gpu=resolve_gpu("h100")),
-                      critical_path=False).steps
+    onto_b200 = Scenario(gpu=resolve_gpu("b200"), source_gpu=resolve_gpu("h100"))
+    n_gpu_ops = corpus_con.execute("SELECT count(*) FROM gpu_ops WHERE job = ?",
+                                   [res["job"]]).fetchone()[0]
+    if n_gpu_ops == 0:  # a GPU changes nothing a CPU-only trace ran: refused
+        with pytest.raises(WhatIfError, match="has no GPU ops"):
+            r.run(onto_b200, critical_path=False)
+        return
+    projected = r.run(onto_b200, critical_path=False).steps
     assert [s.step for s in projected] == [s.step for s in steps]
 
 
