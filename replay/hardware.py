@@ -1,8 +1,9 @@
 """The GPU catalog the replayer projects onto: peak rates and achievable fractions.
 
 One TOML file per GPU in ``replay/gpus/`` (peak dense TFLOPS per dtype, HBM and scale-up
-bandwidth per direction, the fractions of peak tuned kernels reach, and where the numbers come
-from). The source GPU of a trace is found from its ``deviceProperties`` names.
+bandwidth per direction, the fractions of peak tuned kernels reach, the SM clock range and
+power envelope the clock and power-cap what-ifs use (``clocks.py``), and where the numbers
+come from). The source GPU of a trace is found from its ``deviceProperties`` names.
 """
 
 from __future__ import annotations
@@ -12,6 +13,20 @@ from dataclasses import dataclass, field
 from importlib import resources
 
 DTYPES = ("fp16", "bf16", "tf32", "fp32", "fp8")
+
+
+@dataclass(frozen=True)
+class Clocks:
+    """A GPU's SM clock range and power envelope (its TOML's ``[clocks]`` and ``[power]``)."""
+
+    boost_mhz: float  # max SM clock: the reference, the clock a trace is assumed to run at
+    base_mhz: float  # 0 = not published
+    min_mhz: float  # lowest SM clock the GPU runs at
+    memory_mhz: float  # 0 = not found; no what-if changes it
+    tdp_w: float
+    min_limit_w: float  # the lowest power limit the driver accepts
+    static_w: float  # P_static of the power-clock relation (clocks.py)
+    source: str = ""
 
 
 @dataclass(frozen=True)
@@ -25,6 +40,7 @@ class Gpu:
     scale_up_gbps: float  # per direction
     achievable: dict[str, float] = field(default_factory=dict)  # compute, memory, scale_up
     source: str = ""
+    clocks: Clocks | None = None
 
     def peak_tflops(self, dtype: str) -> float:
         """Peak for ``dtype``, falling back to the widest type the GPU does have units for
@@ -39,11 +55,16 @@ def _load(key: str, text: str) -> Gpu:
     doc = tomllib.loads(text)
     peak = doc["peak"]
     tflops = {d: float(peak.get(f"{d}_tflops", 0.0)) for d in DTYPES}
+    source = doc.get("source", {})
+    clocks = None
+    if "clocks" in doc and "power" in doc:
+        clocks = Clocks(**{k: float(v) for k, v in (doc["clocks"] | doc["power"]).items()},
+                        source=source.get("clocks", ""))
     return Gpu(key=key, name=doc["name"], vendor=doc["vendor"], match=tuple(doc["match"]),
                tflops=tflops, hbm_gbps=float(peak["hbm_gbps"]),
                scale_up_gbps=float(peak["scale_up_gbps"]),
                achievable={k: float(v) for k, v in doc["achievable"].items()},
-               source=doc.get("source", {}).get("text", ""))
+               source=source.get("text", ""), clocks=clocks)
 
 
 def catalog() -> dict[str, Gpu]:

@@ -14,7 +14,10 @@ latencies and the program's structure stay as measured):
   source model reproduces its measured transfer;
 - ``--dp-scale K``: data-parallel groups (the group spans the whole job, or its description
   says dp / data / default_pg) have K times the ranks, placed like the traced ones; per-rank
-  compute is unchanged.
+  compute is unchanged;
+- ``--gpu-clock`` / ``--power-cap``: the GPU (the ``--gpu`` target, else the trace's) at
+  another SM clock, given or sustained under a power cap: GPU op durations as for ``--gpu``,
+  onto the same GPU with its peak FLOPS scaled by the clock (``clocks.py``).
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .clocks import PowerCap, at_clock, scenario_clock
 from .compute import COMPUTE_BOUND, DTYPE_OF, Speedup, WhatIfError, op_work, roofline_s
 from .graph import COMM_DURATION, OP_DURATION, TRANSFER, ReplayGraph, parse_shapes
 from .hardware import Gpu, catalog, describe_catalog, find_gpu, lookup_gpu
@@ -44,10 +48,17 @@ class Scenario:
     source_gpu: Gpu | None = None  # override of the trace's deviceProperties
     source_network: Network | None = None
     label: str = "identity"
+    # SM clock (MHz) / power cap of the GPU the ops run on: the target, else the source
+    gpu_clock_mhz: float | None = None
+    power_cap: PowerCap | None = None
 
     @property
     def changes_network(self) -> bool:
         return self.network is not None or self.dp_scale != 1
+
+    @property
+    def changes_clock(self) -> bool:
+        return self.gpu_clock_mhz is not None or self.power_cap is not None
 
 
 @dataclass
@@ -102,11 +113,21 @@ def check_speedups(graph: ReplayGraph, speedups: tuple[Speedup, ...] | list[Spee
 
 def check_scenario(graph: ReplayGraph, scenario: Scenario) -> None:
     """``WhatIfError`` for a what-if that would change nothing the job ran, whoever asks
-    (CLI or Python): a speedup matching no GPU op, a GPU change on a job with no GPU op."""
+    (CLI or Python): a speedup matching no GPU op, a GPU, clock or power cap on a job with no
+    GPU op; and for a clock outside the GPU's documented range or a power cap below its
+    minimum limit."""
     check_speedups(graph, scenario.speedups)
     if scenario.gpu is not None and not len(graph.ops["dur"]):
         raise WhatIfError(f"GPU {scenario.gpu.name!r}: job {graph.job} has no GPU ops (a "
                           "CPU job), so a GPU changes nothing; change its network instead")
+    if scenario.changes_clock:
+        if not len(graph.ops["dur"]):
+            what = (f"GPU clock {scenario.gpu_clock_mhz:g} MHz"
+                    if scenario.gpu_clock_mhz is not None
+                    else f"power cap {str(scenario.power_cap)!r}")
+            raise WhatIfError(f"{what}: job {graph.job} has no GPU ops (a CPU job), so a GPU "
+                              "clock or power cap changes nothing")
+        clocked_gpu(graph, scenario)  # a clock outside the GPU's range, a cap below its minimum
 
 
 def _speedup_hits(ops: dict, s: Speedup) -> np.ndarray:
@@ -147,6 +168,21 @@ def target_network(graph: ReplayGraph, scenario: Scenario) -> Network | None:
     return src
 
 
+def clocked_gpu(graph: ReplayGraph, scenario: Scenario) -> tuple[Gpu | None, list[str]]:
+    """The GPU the ops are projected onto, at the scenario's SM clock (``--gpu``, else the
+    source GPU; None when the scenario changes neither), and the clock model's notes."""
+    if not scenario.changes_clock:
+        return scenario.gpu, []
+    gpu = scenario.gpu or source_gpu(graph, scenario)
+    if gpu is None:
+        raise ValueError("the trace names no GPU of the catalog (deviceProperties), so its "
+                         "clock range is unknown: give --source-gpu")
+    mhz, notes = scenario_clock(gpu, scenario.gpu_clock_mhz, scenario.power_cap)
+    if scenario.gpu is None and mhz == gpu.clocks.boost_mhz:
+        return None, notes  # the trace's own GPU at its reference clock: the identity
+    return at_clock(gpu, mhz), notes
+
+
 def op_factors(graph: ReplayGraph, scenario: Scenario) -> tuple[np.ndarray, np.ndarray]:
     """Per GPU op of the graph: projected duration / measured duration, and the op's model
     time on the source GPU in ns (NaN where no model prices it: the part of the measured
@@ -154,12 +190,13 @@ def op_factors(graph: ReplayGraph, scenario: Scenario) -> tuple[np.ndarray, np.n
     ops = graph.ops
     n = len(ops["dur"])
     factor, model_ns = np.ones(n), np.full(n, np.nan)
-    if scenario.gpu is not None:
+    dst, _ = clocked_gpu(graph, scenario)
+    if dst is not None:
         src = source_gpu(graph, scenario)
         if src is None:
             raise ValueError("the trace names no GPU of the catalog (deviceProperties): "
                              "give --source-gpu")
-        factor, model_ns = _gpu_factors(graph, src, scenario.gpu)
+        factor, model_ns = _gpu_factors(graph, src, dst)
     for s in scenario.speedups:
         factor = np.where(_speedup_hits(ops, s), factor / s.factor, factor)
     return factor, model_ns
@@ -197,6 +234,24 @@ def _compute_ratio(key: tuple, src: Gpu, dst: Gpu) -> tuple[float, float]:
     if shapes and shapes[1]:
         dtype = DTYPE_OF.get(str(shapes[1][0]).lower(), "bf16")
     return src.peak_tflops(dtype) / dst.peak_tflops(dtype), math.nan
+
+
+def _latency_note(graph: ReplayGraph, factor: np.ndarray, model_ns: np.ndarray) -> list[str]:
+    """Under an SM-clock change alone: the compute-class kernels the roofline calls
+    memory-bound (kept as measured), and how far below their roofline they ran. Far below, a
+    kernel is latency-bound, and latency in SM cycles grows with a lower clock too."""
+    ops = graph.ops
+    kept = (np.isin(ops["category"].astype(str), COMPUTE_BOUND) & ~np.isnan(model_ns)
+            & (factor == 1))
+    if not kept.any():
+        return []
+    dur = ops["dur"]
+    share = dur[kept].sum() / max(dur.sum(), 1)
+    speed = model_ns[kept].sum() / max(dur[kept].sum(), 1)
+    return [f"{int(kept.sum())} {'/'.join(COMPUTE_BOUND)} kernels ({100 * share:.0f}% of GPU op "
+            f"time) are memory-bound by their roofline and stay as measured; they ran at "
+            f"{100 * speed:.0f}% of it, and kernels far below their roofline are "
+            "latency-bound, which a lower SM clock slows too (not modelled)"]
 
 
 def _dp_groups(graph: ReplayGraph) -> np.ndarray:
@@ -287,12 +342,16 @@ def weights(graph: ReplayGraph, scenario: Scenario) -> Weights:
     check_scenario(graph, scenario)
     w = graph.base_w.copy()
     out = Weights(w, w.copy())
-    if scenario.gpu is not None or scenario.speedups:
+    dst, clock_notes = clocked_gpu(graph, scenario)
+    if dst is not None or scenario.speedups:
         f, model_ns = op_factors(graph, scenario)
         sel = graph.role == OP_DURATION
         op = graph.op[sel]
         w[sel], out.w_alt[sel] = _scaled_both(graph.ops["dur"][op], f[op], model_ns[op])
-    k, model_ns, out.notes = collective_factors(graph, scenario)
+        if dst is not None and scenario.gpu is None:  # the trace's GPU at another clock
+            clock_notes += _latency_note(graph, f, model_ns)
+    k, model_ns, notes = collective_factors(graph, scenario)
+    out.notes = clock_notes + notes
     if (k != 1).any():
         t = graph.insts["transfer_ns"]
         new, alt = _scaled_both(t, k, model_ns)

@@ -17,6 +17,7 @@ from tracetool.analysis.windows import use_windows
 from tracetool.cli._job import open_job, window_options, windows_of
 from tracetool.errors import InputError
 from tracetool.replay import model
+from tracetool.replay.clocks import parse_gpu_clock, parse_power_cap
 from tracetool.replay.compute import CATEGORIES, WhatIfError, parse_speedup
 from tracetool.replay.hardware import Gpu, catalog_help
 from tracetool.replay.model import Scenario, check_speedups, resolve_gpu
@@ -54,6 +55,13 @@ def scenario_options(fn: Callable) -> Callable:
                           f"{', '.join(CATEGORIES)}; case-insensitive) or name~REGEX=F "
                           "(repeatable; e.g. gemm=1.5, name~flash=2). One matching no GPU "
                           "op of the job is an error."),
+        click.option("--gpu-clock", help="Run the GPU (the --gpu target, else the trace's) at "
+                     "this SM clock, MHz, within its catalog range; the trace is assumed to "
+                     "have run at max boost. Compute-bound kernels scale with it; memory-bound "
+                     "ones, communication and CPU work do not."),
+        click.option("--power-cap", help="Cap the GPU's board power (the --gpu target, else "
+                     "the trace's): watts (300, 300W) or a fraction of its TDP (0.7, 70%); "
+                     "the clock it sustains comes from P = P_static + k f^3 (replay/clocks.py)."),
         click.option("--include-incomplete", is_flag=True,
                      help="Also the incomplete steps (cut by the trace window, open, or "
                           "missing on some ranks; docs/steps.md)."),
@@ -71,27 +79,35 @@ def gpu_option(option: str, text: str) -> Gpu:
 
 
 def parse_whatifs(source_gpu: str | None, speedups: tuple[str, ...],
-                  gpus: tuple[str, ...] = ()) -> None:
+                  gpus: tuple[str, ...] = (), gpu_clock: str | None = None,
+                  power_cap: str | None = None) -> None:
     """Check the what-if values that need no store, before the graph is built: --source-gpu,
-    each --gpu, each --speedup (``WhatIfError``)."""
+    each --gpu, each --speedup, --gpu-clock and --power-cap as numbers (``WhatIfError``)."""
     if source_gpu:
         gpu_option("--source-gpu", source_gpu)
     for g in gpus:
         gpu_option("--gpu", g)
     for s in speedups:
         parse_speedup(s)
+    if gpu_clock is not None:
+        parse_gpu_clock(gpu_clock)
+    if power_cap is not None:
+        parse_power_cap(power_cap)
 
 
 def base_scenario(replayer: Replayer, source_gpu: str | None, source_net: str | None,
-                  speedups: tuple[str, ...]) -> Scenario:
-    """The scenario the what-ifs start from: source overrides and speedups (each checked to
-    change some GPU op of the replayer's job)."""
+                  speedups: tuple[str, ...], gpu_clock: str | None = None,
+                  power_cap: str | None = None) -> Scenario:
+    """The scenario the what-ifs start from: source overrides, speedups (each checked to
+    change some GPU op of the replayer's job), the GPU clock and power cap."""
     parsed = tuple(parse_speedup(s) for s in speedups)
     check_speedups(replayer.graph, parsed)  # before any setting runs (weights checks again)
     return Scenario(
         source_gpu=gpu_option("--source-gpu", source_gpu) if source_gpu else None,
         source_network=parse_network(_spec(source_net)) if source_net else None,
-        speedups=parsed)
+        speedups=parsed,
+        gpu_clock_mhz=parse_gpu_clock(gpu_clock) if gpu_clock is not None else None,
+        power_cap=parse_power_cap(power_cap) if power_cap is not None else None)
 
 
 def fail(store: Path, err: Exception) -> None:
@@ -124,6 +140,7 @@ def fail(store: Path, err: Exception) -> None:
               help="Write a PNG: measured vs projected step time by breakdown.")
 def replay_command(store: Path, job: str | None, source_gpu: str | None,
                    source_network: str | None, speedups: tuple[str, ...],
+                   gpu_clock: str | None, power_cap: str | None,
                    include_incomplete: bool, annotation: str | None, instance: int | None,
                    window: str | None, step: int | None, gpu: str | None,
                    network: str | None, dp_scale: int, as_json: bool, chrome: Path | None,
@@ -134,22 +151,29 @@ def replay_command(store: Path, job: str | None, source_gpu: str | None,
     (identity).
 
     Exit code 0; 2 on a what-if that names or changes nothing: a --gpu / --source-gpu not in
-    the catalog, a --speedup with an unknown category or one matching no GPU op of the job;
-    1 on a bad store, job, step or other setting (one line on stderr)."""
+    the catalog, a --speedup with an unknown category or one matching no GPU op of the job,
+    a --gpu-clock outside the GPU's range, a --power-cap below its minimum limit, either of
+    them unparsable or on a CPU job; 1 on a bad store, job, step or other setting (one line
+    on stderr)."""
     from tracetool.replay.run import BREAKDOWN, Replayer  # loads the compiler: only here
 
     try:
-        parse_whatifs(source_gpu, speedups, (gpu,) if gpu else ())
+        parse_whatifs(source_gpu, speedups, (gpu,) if gpu else (), gpu_clock, power_cap)
         windows = windows_of(annotation, instance, window)
         con, job = open_job(store, job)
         use_windows(con, job, windows)
         warn_collectives(con, job)
         replayer = Replayer.from_store(con, job)
-        sc = base_scenario(replayer, source_gpu, source_network, speedups)
+        sc = base_scenario(replayer, source_gpu, source_network, speedups, gpu_clock,
+                           power_cap)
         label = []
         if gpu:
             sc = replace(sc, gpu=gpu_option("--gpu", gpu))
             label.append(f"gpu={sc.gpu.key}")
+        if sc.gpu_clock_mhz is not None:
+            label.append(f"gpu_clock={sc.gpu_clock_mhz:g}MHz")
+        if sc.power_cap is not None:
+            label.append(f"power_cap={sc.power_cap}")
         if network:
             base = model.source_network(replayer.graph, sc) or Network()
             sc = replace(sc, network=parse_network(_spec(network), base=base))

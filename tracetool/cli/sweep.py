@@ -31,7 +31,8 @@ from tracetool.replay.plots import plot_sweep
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def sweep_command(store: Path, job: str | None, source_gpu: str | None,
                   source_network: str | None, speedups: tuple[str, ...],
-                  include_incomplete: bool, annotation: str | None, instance: int | None,
+                  gpu_clock: str | None, power_cap: str | None, include_incomplete: bool,
+                  annotation: str | None, instance: int | None,
                   window: str | None, axes: tuple[str, ...], gpus: str | None,
                   dp_scales: str | None, out: Path, as_json: bool) -> None:
     """Evaluate a grid of settings against one built graph: a table (sweep.csv) and a PNG
@@ -40,7 +41,8 @@ def sweep_command(store: Path, job: str | None, source_gpu: str | None,
 
     Exit code 0; 2 on a what-if that names or changes nothing: a --gpu entry or --source-gpu
     not in the catalog, a --speedup with an unknown category or one matching no GPU op of
-    the job; 1 on a bad store, job or other setting (one line on stderr)."""
+    the job, a --gpu-clock or --power-cap that is bad for any GPU of the sweep (they apply to
+    every setting); 1 on a bad store, job or other setting (one line on stderr)."""
     from tracetool.replay.run import Replayer  # loads the compiler: only here
     from tracetool.replay.sweep import sweep
 
@@ -57,13 +59,14 @@ def sweep_command(store: Path, job: str | None, source_gpu: str | None,
             if min(scales) < 1:
                 raise click.ClickException(f"bad --dp-scale {dp_scales!r}: integers >= 1")
         gpu_list = [g.strip() for g in gpus.split(",")] if gpus else []
-        parse_whatifs(source_gpu, speedups, tuple(gpu_list))
+        parse_whatifs(source_gpu, speedups, tuple(gpu_list), gpu_clock, power_cap)
         windows = windows_of(annotation, instance, window)
         con, job = open_job(store, job)
         use_windows(con, job, windows)
         warn_collectives(con, job)
         replayer = Replayer.from_store(con, job)
-        base = base_scenario(replayer, source_gpu, source_network, speedups)
+        base = base_scenario(replayer, source_gpu, source_network, speedups, gpu_clock,
+                             power_cap)
         rows = sweep(replayer, base, list(axes), gpu_list or None, scales,
                      include_incomplete=include_incomplete)
         con.close()
