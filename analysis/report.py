@@ -11,7 +11,9 @@ from __future__ import annotations
 import html
 import importlib
 import json
+import threading
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, is_dataclass
 from pathlib import Path
 from typing import Any
@@ -285,6 +287,28 @@ def summarize_path(path: duckdb.DuckDBPyRelation) -> dict[str, Any]:
 
 # -------------------------------------------------------------------------------- the charts
 
+def _import_charting() -> None:
+    import matplotlib.backends.backend_agg  # noqa: F401
+    import matplotlib.collections  # noqa: F401
+    import matplotlib.figure  # noqa: F401
+    import matplotlib.patches  # noqa: F401
+
+
+def _preload_charting() -> threading.Thread:
+    """Import matplotlib on a thread while the summary's queries run: DuckDB releases the GIL
+    while it executes, so the import (~0.4 s, a tenth of a report) overlaps them. Only a head
+    start: the charts import what they use themselves, so a failure here shows there."""
+    def run() -> None:
+        try:
+            _import_charting()
+        except Exception:  # noqa: BLE001, S110  (reported by the charts' own imports)
+            pass
+
+    t = threading.Thread(target=run, name="tracetool-preload-matplotlib", daemon=True)
+    t.start()
+    return t
+
+
 def _figure(width: float, height: float) -> Any:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
@@ -518,13 +542,36 @@ def make_report(con: duckdb.DuckDBPyConnection, job: str, out_dir: Path | str,
     out.mkdir(parents=True, exist_ok=True)
     for name in CHART_FILES:
         (out / name).unlink(missing_ok=True)
-    summary = summarize(con, job, include_incomplete)
-    summary["windows"] = windows  # None: ProfilerSteps; else the --annotation / --window
-    cp_path, why_not = critical_path_segments(con, job, include_incomplete)
-    summary["critical_path"] = (
-        {"available": True, "reason": None, **summarize_path(cp_path)}
-        if cp_path is not None else {"available": False, "reason": why_not})
-    charts: dict[str, str] = {}  # chart -> file name in out
+    charting = _preload_charting()
+    # the critical path on a second connection to the same database, on a thread, while
+    # this one runs the summary's queries and draws its charts: each side's Python work
+    # (matplotlib, the walk) runs while the other is inside DuckDB, which releases the GIL
+    with con.cursor() as cp_con, ThreadPoolExecutor(1) as pool:
+        cp_run = pool.submit(critical_path_segments, cp_con, job, include_incomplete)
+        summary = summarize(con, job, include_incomplete)
+        summary["windows"] = windows  # None: ProfilerSteps; else the --annotation / --window
+        charting.join()
+        charts = _summary_charts(con, job, summary, out)
+        cp_path, why_not = cp_run.result()
+        summary["critical_path"] = (
+            {"available": True, "reason": None, **summarize_path(cp_path)}
+            if cp_path is not None else {"available": False, "reason": why_not})
+        if cp_path is not None:
+            charts["critical_path"] = "critical_path.png"
+            chart_critical_path(cp_path, job, out / charts["critical_path"])
+    sections = _sections(summary, charts, store)
+    title = f"tracetool report: job {job}"
+    (out / "report.md").write_text(_markdown(title, sections), encoding="utf-8")
+    (out / "report.html").write_text(_html(title, sections), encoding="utf-8")
+    summary["files"] = {**{k: str(out / v) for k, v in charts.items()},
+                        "markdown": str(out / "report.md"), "html": str(out / "report.html")}
+    return Report(summary, sections, out)
+
+
+def _summary_charts(con: duckdb.DuckDBPyConnection, job: str, summary: dict[str, Any],
+                    out: Path) -> dict[str, str]:
+    """Draw the charts of the summary (breakdown, top, skew): chart -> file name in out."""
+    charts: dict[str, str] = {}
     if summary["breakdown"]:
         charts["breakdown"] = "breakdown.png"
         chart_breakdown(summary, out / charts["breakdown"])
@@ -534,16 +581,7 @@ def make_report(con: duckdb.DuckDBPyConnection, job: str, out_dir: Path | str,
     if summary["collectives"]["instances"]:
         charts["collective_skew"] = "collective_skew.png"
         chart_skew(con, job, summary, out / charts["collective_skew"])
-    if cp_path is not None:
-        charts["critical_path"] = "critical_path.png"
-        chart_critical_path(cp_path, job, out / charts["critical_path"])
-    sections = _sections(summary, charts, store)
-    title = f"tracetool report: job {job}"
-    (out / "report.md").write_text(_markdown(title, sections), encoding="utf-8")
-    (out / "report.html").write_text(_html(title, sections), encoding="utf-8")
-    summary["files"] = {**{k: str(out / v) for k, v in charts.items()},
-                        "markdown": str(out / "report.md"), "html": str(out / "report.html")}
-    return Report(summary, sections, out)
+    return charts
 
 
 def _ms(ns: float | None) -> str:

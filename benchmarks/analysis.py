@@ -26,6 +26,7 @@ import gen_trace  # noqa: E402  (sibling script)
 
 import tracetool  # noqa: E402
 from tracetool.ingest import Options, ingest  # noqa: E402
+from tracetool.store_views import STORE_FORMAT  # noqa: E402
 
 WORK = HERE / ".work" / "analysis"
 
@@ -43,7 +44,7 @@ def build_store(ranks: int, size: str, steps: int) -> Path:
             st = gen_trace.generate(path, gen_trace.parse_size(size), steps, 0, r, ranks)
             meta.write_text(json.dumps(asdict(st)))
         files.append(path)
-    store = WORK / f"store-{ranks}x{tag}"
+    store = WORK / f"store-{ranks}x{tag}-f{STORE_FORMAT}"
     done = store / "data" / "job=bench"
     if not done.is_dir() or len(list(done.glob("rank=*"))) != ranks:
         print(f"ingesting {ranks} ranks into {store} ...", file=sys.stderr, flush=True)

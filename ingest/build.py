@@ -212,6 +212,7 @@ def _build(
     finally:
         con.close()
     res.timings["derive_s"] = round(time.perf_counter() - t0, 3)
+    res.timings["graph_s"] = round(d.graph_s, 3)  # part of derive_s
     for eid, off, issue, detail, q, snip in d.issues:
         issues.append(Issue(None, off, issue, detail, q, snip))
         issue_eids.append(eid)  # absolute eid already

@@ -10,6 +10,7 @@ here with SQL.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,6 +53,7 @@ FLOW_TRACKS = """SELECT f.eid, t.track_id, f.ts_ns, f.ph, f.bp FROM fl_raw f
 class Derived:
     events_stored: int
     issues: list[tuple]  # (eid, byte_offset, issue, detail, quarantined, snippet)
+    graph_s: float = 0.0  # of derive's time, building the dependency graph
 
 
 def connect(tmp: Path, threads: int, memory_limit: str) -> duckdb.DuckDBPyConnection:
@@ -202,8 +204,11 @@ def derive(
     derive_gpu_ops(con, out)
     derive_steps(con, out)
     derive_collectives(con, out, pg_ranks)
+    t0 = time.perf_counter()
+    derive_graph(con, out)
+    graph_s = time.perf_counter() - t0
     stored = n_events + n_merged_e + n_flows + n_counter_events + n_meta
-    return Derived(stored, issues)
+    return Derived(stored, issues, graph_s)
 
 
 def _stage_views(con: duckdb.DuckDBPyConnection, ev_parts: list[Path], fl_parts: list[Path],
@@ -484,3 +489,13 @@ def derive_collectives(
     from .collectives import build
 
     write_arrow(build(con, out, pg_ranks), out, "collectives")
+
+
+def derive_graph(con: duckdb.DuckDBPyConnection, out: Path) -> None:
+    """cp_nodes and rank_edges: the rank's dependency graph (graph.py), from its tables."""
+    from .graph import rank_graph
+
+    tables = {t: read_table(out, t) for t in ("events", "gpu_ops", "collectives")}
+    with rank_graph(con, tables) as queries:
+        for name, sql in queries.items():
+            copy_table(con, sql, out, name)

@@ -1,8 +1,8 @@
 """The replay graph: a job's dependency graph as flat arrays, ready to be scheduled again.
 
-It is the graph the critical path walks (``tracetool.analysis.critical_path.build_edges``:
-nodes are the start and end points of CPU events and GPU ops, ``edges`` says which point
-waited for which), turned into something a simulator can re-time:
+It is the graph the critical path walks (each rank's ``cp_nodes`` and ``rank_edges``, built at
+ingest: nodes are the start and end points of CPU events and GPU ops, an edge says which point
+waited for which; ``tracetool.ingest.graph``), turned into something a simulator can re-time:
 
 - every GPU op gets an explicit **duration edge** start -> end (the quantity the hardware
   model changes);
@@ -35,13 +35,8 @@ from dataclasses import dataclass
 import duckdb
 import numpy as np
 
-from tracetool.analysis.critical_path import (
-    CLASSES,
-    KIND_NAMES,
-    Slots,
-    build_edges,
-    has_graph,
-)
+from tracetool.analysis.critical_path import Slots
+from tracetool.graph import CLASSES, KIND_NAMES
 
 # roles of an edge in the replay: what a scenario may change about it
 FIXED, OP_DURATION, COMM_DURATION, TRANSFER, ARRIVAL = range(5)
@@ -107,10 +102,12 @@ SELECT rank, eid, ts_ns, end_ns, track_id, coalesce(parent_eid, -1) AS parent_ei
        list_position(?, cls) - 1 AS cls
 FROM cp_nodes WHERE job = ?"""
 
+# the edges within each rank (the cross-rank 'collective' ones are replaced by barriers)
 _EDGES_SQL = """
-SELECT rank_src, src_eid, enum_code(src_point) AS sp, rank_dst, dst_eid,
-       enum_code(dst_point) AS dp, enum_code(kind) AS kind, lag_ns
-FROM edges WHERE job = ? AND kind <> 'collective'"""
+SELECT rank AS rank_src, src_eid, (src_point = 'end')::TINYINT AS sp, rank AS rank_dst,
+       dst_eid, (dst_point = 'end')::TINYINT AS dp,
+       (list_position(?, kind) - 1)::TINYINT AS kind, lag_ns
+FROM rank_edges WHERE job = ?"""
 
 _OPS_SQL = """
 SELECT g.rank, g.eid, g.kind, g.name, coalesce(k.category, g.kind) AS category,
@@ -135,10 +132,8 @@ WHERE c.job = ? AND c.instance IS NOT NULL"""
 
 
 def build_graph(con: duckdb.DuckDBPyConnection, job: str) -> ReplayGraph:
-    """The replay graph of ``job`` (``con`` from ``tracetool.connect``). Builds the critical
-    path's ``edges`` first when this connection has none for the job."""
-    if not has_graph(con, job):
-        build_edges(con, job)
+    """The replay graph of ``job`` (``con`` from ``tracetool.connect``), from the graph its
+    ranks' ingest stored."""
     ev = con.execute(_NODES_SQL, [list(CLASSES), job]).fetchnumpy()
     if len(ev["eid"]) == 0:
         raise ValueError(f"job {job!r} has no events on CPU threads or GPU streams")
@@ -176,7 +171,7 @@ def build_graph(con: duckdb.DuckDBPyConnection, job: str) -> ReplayGraph:
 
     # -- recorded edges, minus the ones replaced: cross-rank 'collective' edges (by barriers)
     # and the start -> end order edge of a GPU op or a transfer (by its duration edge)
-    e = con.execute(_EDGES_SQL, [job]).fetchnumpy()
+    e = con.execute(_EDGES_SQL, [KIND_NAMES, job]).fetchnumpy()
     e_src = 2 * slot_of(e["rank_src"], e["src_eid"]) + e["sp"]
     e_dst = 2 * slot_of(e["rank_dst"], e["dst_eid"]) + e["dp"]
     timed = np.zeros(n_slots, dtype=bool)

@@ -22,6 +22,8 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
+from tracetool.graph import CLASSES, EDGE_KINDS
+
 
 def sql_type(t: pa.DataType) -> str:
     """The DuckDB type a store column has when read back."""
@@ -349,6 +351,50 @@ PROFILER_STEPS = Table(
     sort_key=("step",),
 )
 
+CP_NODES = Table(
+    "cp_nodes",
+    "The events whose start and end points are the nodes of the rank's dependency graph (the "
+    "graph the critical path walks and the replay schedules; docs/critical_path.md): CPU "
+    "events on CPU threads and GPU ops, complete slices (ph X) only. Built at ingest, with "
+    "rank_edges.",
+    (
+        _c("eid", I64, "The event (events.eid)."),
+        _c("track_id", I32, "Its track (tracks)."),
+        _c("name", STR, "As in events."),
+        _c("ts_ns", I64, "As in events."),
+        _c("end_ns", I64, "As in events."),
+        _c("depth", I32, "As in events, 0 when NULL."),
+        _c("parent_eid", I64, "As in events."),
+        _c("cls", STR, "What time inside it is: " + ", ".join(CLASSES) + " (compute: GPU "
+           "kernel; comm: communication kernel, or a gloo:* span that does a collective's "
+           "transfer; memcpy: copy/memset; cpu: a CPU event)."),
+        _c("is_gpu", BOOL, "A GPU op (on a GPU stream)."),
+        _c("waitable", BOOL, "A CPU event whose self time can be waiting on another thread "
+           "(user annotations, ProfilerStep, *wait* ops)."),
+        _c("wake_start", BOOL, "A gap before its start is idle or waiting (its parent is "
+           "absent or waitable), so a thread_wake edge may end there."),
+    ),
+    sort_key=("eid",),
+)
+
+RANK_EDGES = Table(
+    "rank_edges",
+    "The edges of the rank's dependency graph, one row per edge: the point (dst) could not "
+    "happen before the point (src). Every kind but 'collective', the one kind between ranks, "
+    "which the analysis adds (views collective_edges, edges). Built at ingest.",
+    (
+        _c("src_eid", I64, "The event (cp_nodes.eid) whose point the edge starts from."),
+        _c("src_point", STR, "That point: 'start' or 'end' of the event."),
+        _c("dst_eid", I64, "The event whose point depends on it."),
+        _c("dst_point", STR, "'start' or 'end'."),
+        _c("kind", STR, "Why: " + "; ".join(f"{k}: {v}" for k, v in EDGE_KINDS.items()
+                                          if k != "collective") + "."),
+        _c("lag_ns", I64, "Time of the dst point minus time of the src point, >= 0 "
+           "(transfer_wake may be slightly negative). The src with the smallest lag into a "
+           "point is the dependency satisfied last: the one the critical path follows."),
+    ),
+)  # unsorted: sorting its ~2 rows per event cost a third of the graph's ingest time
+
 INGEST_ISSUES = Table(
     "ingest_issues",
     "Everything ingest could not store as written: one row per quarantined event "
@@ -369,7 +415,7 @@ INGEST_ISSUES = Table(
 
 TABLES: tuple[Table, ...] = (
     TRACE_FILES, EVENTS, GPU_OPS, FLOWS, COUNTERS, METADATA_EVENTS, TRACKS, COLLECTIVES,
-    PROFILER_STEPS,
+    PROFILER_STEPS, CP_NODES, RANK_EDGES,
     INGEST_ISSUES,
 )
 TABLES_BY_NAME = {t.name: t for t in TABLES}

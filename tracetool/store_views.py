@@ -109,7 +109,8 @@ def setup_sql(store: Path | str, allow_writes: Iterable[Path | str] = ()) -> str
 # Version of the store's layout and tables; a store of another format is refused (re-ingest)
 # rather than read wrongly. Written to STORE/format.json by the first ingest.
 # 2: the steps table became profiler_steps (raw annotation facts; steps is an analysis view).
-STORE_FORMAT = 2
+# 3: each rank's dependency graph is stored (cp_nodes, rank_edges), built at ingest.
+STORE_FORMAT = 3
 
 
 class StoreFormatError(StoreError):

@@ -1,0 +1,54 @@
+"""The dependency graph's vocabulary: the kinds of edges, the classes of node events.
+
+One home for the words the graph is written in. Ingest stores each rank's graph in the
+tables ``cp_nodes`` and ``rank_edges`` (``tracetool.ingest.graph``); the analysis adds the
+edges between ranks and walks it (``tracetool.analysis.critical_path``); the replay
+schedules it again (``tracetool.replay.graph``). All three read these names from here.
+"""
+
+from __future__ import annotations
+
+# Edge kinds, in tie-break order: when two dependencies of a node were satisfied at the same
+# instant, the earlier kind in this list is taken as the binding one (the local, recorded
+# order first, inferred hand-offs last).
+EDGE_KINDS: dict[str, str] = {
+    "cpu_order": "consecutive points on a CPU thread (program order and nesting): the "
+                 "previous start or end on the same thread",
+    "gpu_order": "consecutive points on a GPU stream (stream order)",
+    "launch": "runtime/driver call start -> the GPU op it launched (correlation id)",
+    "sync": "GPU op end -> end of the CPU call that waited for it: device/stream/event "
+            "synchronize (awaited op from cuda_sync events when recorded), blocking memcpy "
+            "(its own copy, when it ended before the call returned)",
+    "collective": "start of the last-arriving rank's collective kernel or gloo span -> end "
+                  "of every other rank's one (instances: collective_ranks.instance; "
+                  "docs/collectives.md). The only kind between ranks: computed by the "
+                  "analysis (view collective_edges), not stored",
+    "stream_wait": "GPU op end -> first GPU op launched on the waiting stream after a "
+                   "cudaStreamWaitEvent (cuda_sync 'Stream Wait Event'; the awaited op is the "
+                   "last one launched on the recorded stream before cudaEventRecord)",
+    "comm_wait": "inferred NCCL stream waits (ranks without cuda_sync): last compute op "
+                 "launched before a comm kernel -> its start, and comm kernel end -> first "
+                 "compute op on another stream to start after it",
+    "comm_enqueue": "CPU call of a gloo collective start -> start of its gloo span on the "
+                    "gloo worker thread",
+    "thread_wake": "inferred CPU hand-off: end of an event on another thread of the rank -> "
+                   "the point where a thread resumed after an idle or waiting gap",
+    "transfer_wake": "inferred wait for a CPU-side transfer (replay only, not walked by the "
+                     "critical path): end of a gloo span -> the start where another thread "
+                     "of the rank resumed after going idle while it was in flight (DDP waits "
+                     "on the bucket futures unrecorded); the resume may precede the span's "
+                     "recorded end a little (tolerance 5% of the span, at least 100 us), so "
+                     "its lag can be negative",
+}
+KIND_NAMES = list(EDGE_KINDS)
+# edges the critical path's backward walk does not follow (their lag may be negative)
+REPLAY_ONLY_KINDS = ("transfer_wake",)
+# what time inside a node event is (cp_nodes.cls)
+CLASSES = ("compute", "comm", "memcpy", "cpu")
+POINTS = ("start", "end")  # a node is the start or the end point of its event
+
+SYNC_CALLS = (
+    "cudaDeviceSynchronize", "cudaStreamSynchronize", "cudaEventSynchronize",
+    "cuCtxSynchronize", "cuStreamSynchronize", "cuEventSynchronize",
+    "hipDeviceSynchronize", "hipStreamSynchronize", "hipEventSynchronize",
+)
