@@ -13,7 +13,7 @@ rm -rf "$OUT/store"
 rm -rf "$OUT/netlab_store" "$OUT/replay"
 mkdir -p "$OUT/replay"
 .venv/bin/tracetool ingest sample_traces/netlab/bw_1gbit --store "$OUT/netlab_store" --job netlab_1gbit
-SRC=gpus_per_node=1,inter_node_bw=1Gbit/s,inter_node_latency=31us
+SRC=gpus_per_node=1,inter_node_bw=1Gbit/s,inter_node_latency=43us
 .venv/bin/tracetool replay "$OUT/netlab_store" --source-network "$SRC"
 .venv/bin/tracetool replay "$OUT/netlab_store" --source-network "$SRC" \
     --network inter_node_bw=200Mbit/s --chrome-trace "$OUT/replay/projected_200mbit.json" \
