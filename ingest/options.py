@@ -27,12 +27,13 @@ class Options:
     # an event larger than this is quarantined unread (source.DEFAULT_MAX_EVENT_BYTES)
     max_event_bytes: int = 64 << 20
     tmp_budget: int | None = None  # bytes of work files per trace file (None: budget.py's default)
+    shard: tuple[int, int] | None = None  # (I, N): build slice I of N and stage it (shard.py)
 
 
 @dataclass
 class FileResult:
     path: str
-    status: str  # ingested | skipped | error
+    status: str  # ingested | skipped | error; staged (a shard's, until tracetool commit)
     message: str = ""
     job: str | None = None
     rank: int | None = None

@@ -2,7 +2,9 @@
 
 Small files (one piece) are built whole on the worker pool, several ranks at once; a large
 file is built in this process with its pieces decoded on the pool. Commits happen here, in
-input order, so two inputs can never silently claim the same (job, rank).
+input order, so two inputs can never silently claim the same (job, rank). With
+``Options.shard`` only one slice of the files is built, and staged instead of committed
+(``shard.py``: ``tracetool commit`` publishes the shards).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from pathlib import Path
 from . import decode
 from .build import build_file
 from .options import TRACE_SUFFIXES, FileResult, Options, UsageProblem
+from .shard import Stage, shard_files
 from .source import is_gzip
 from .store import JOB_NAME, MAX_JOB_NAME, Store, StoredFile
 from .workers import Workers
@@ -136,6 +139,11 @@ def ingest(
                            f"{MAX_JOB_NAME}")
     if opts.rank is not None and len(files) > 1:
         raise UsageProblem("--rank applies to a single trace file, but several were given")
+    if opts.shard is not None:
+        if opts.rank is not None:
+            raise UsageProblem("--rank and --shard do not go together: a shard's ranks come "
+                               "from its files")
+        files = shard_files(files, opts.shard)
     opts = replace(opts, job=job)
     store = Store(opts.store)
     store.create()
@@ -148,6 +156,7 @@ def ingest(
     parallel_files = workers.workers > 1 and len(files) > 1
     committed: dict[int, str] = {}
     workdirs: list[Path] = []  # removed at the end whatever happens (an error, Ctrl-C)
+    stage = Stage(store, job, opts.shard) if opts.shard is not None else None
 
     def new_workdir() -> Path:
         workdirs.append(store.new_workdir())
@@ -174,13 +183,16 @@ def ingest(
             try:
                 if r.status == "built":
                     with store.lock():  # what other ingests committed meanwhile counts
-                        r = _commit(r, store, store.stored_files(), committed, opts.force)
+                        r = commit_built(r, store, store.stored_files(), committed,
+                                         opts.force, stage)
             finally:
                 store.cleanup(wd)
                 workdirs.remove(wd)
             results.append(r)
             if on_result:
                 on_result(r)
+        if stage is not None:
+            stage.publish(results)
     except BaseException as err:
         # an interrupt: stop the workers now, not after their tasks
         workers.close(kill=not isinstance(err, Exception))
@@ -189,13 +201,17 @@ def ingest(
         workers.close()  # first: no worker may still write into a work dir
         for wd in workdirs:
             store.cleanup(wd)
+        if stage is not None:
+            stage.discard()  # gone already when it was published
         store.remove_retired()
     return results
 
 
-def _commit(r: FileResult, store: Store, stored: list[StoredFile], committed: dict[int, str],
-            force: bool) -> FileResult:
-    """Rename a built partition into the store unless its (job, rank) is taken."""
+def commit_built(r: FileResult, store: Store, stored: list[StoredFile],
+                 committed: dict[int, str], force: bool, stage: Stage | None = None
+                 ) -> FileResult:
+    """Rename a built partition into the store unless its (job, rank) is taken (the caller
+    holds the lock); with ``stage``, check the same and stage it for ``tracetool commit``."""
     if r.status != "built" or r.rank is None or r.job is None:
         return r
     if r.rank in committed:
@@ -216,7 +232,13 @@ def _commit(r: FileResult, store: Store, stored: list[StoredFile], committed: di
         r.message = (f"job {r.job} rank {r.rank} already holds {clash[0].file_name} "
                      "(different content); use --force to replace it, or --job")
         return r
-    store.commit(r.job, r.rank, Path(r.built))
     committed[r.rank] = Path(r.path).name
+    if stage is not None:
+        stage.add(r.rank, Path(r.built))
+        r.status, r.built = "staged", ""
+        i, n = stage.shard
+        r.message = f"shard {i} of {n}: publish with `tracetool commit STORE --job {r.job}`"
+        return r
+    store.commit(r.job, r.rank, Path(r.built))
     r.status, r.built = "ingested", ""
     return r

@@ -482,7 +482,7 @@ def _interrupt(*_: object, **__: object) -> None:
 
 @pytest.mark.parametrize("where, n_files", [
     ("tracetool.ingest.derive.derive", 1),  # one file, in the derivation stage
-    ("tracetool.ingest.pipeline._commit", 2),  # two files built on the pool, one pending
+    ("tracetool.ingest.pipeline.commit_built", 2),  # two files built on the pool, one pending
 ])
 def test_ctrl_c_leaves_no_work_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                      where: str, n_files: int) -> None:

@@ -15,6 +15,7 @@ from tracetool import __version__
 # command name -> "module:function", in the order ``--help`` lists them
 COMMANDS = {
     "ingest": "ingest:ingest_command",
+    "commit": "commit:commit_command",
     "sql": "sql:sql_command",
     "report": "report:report_command",
     "diff": "diff:diff_command",

@@ -13,6 +13,7 @@ from tracetool.errors import StoreError
 from tracetool.ingest.budget import parse_size
 from tracetool.ingest.metadata import MAX_RANK
 from tracetool.ingest.pipeline import FileResult, Options, UsageProblem, ingest
+from tracetool.ingest.shard import parse_shard
 from tracetool.signals import Interrupted, interruptible
 
 
@@ -48,17 +49,26 @@ class Size(click.ParamType):
               "default: 4x its JSON text, at least 1 GiB). A file that needs more fails.")
 @click.option("--max-event-bytes", type=Size(), default="64MiB", show_default=True,
               help="An event larger than this is quarantined unread (bounds memory).")
+@click.option("--shard", metavar="I/N",
+              help="Build only the I-th of N slices of the files (every N-th, from the I-th) "
+                   "and stage it; `tracetool commit` publishes the job once all N are staged "
+                   "(SLURM array jobs, Kubernetes indexed jobs).")
 def ingest_command(paths: tuple[Path, ...], store: Path, job: str | None, rank: int | None,
                    force: bool, as_json: bool, strict: bool, workers: int | None,
-                   tmp_budget: int | None, max_event_bytes: int) -> None:
+                   tmp_budget: int | None, max_event_bytes: int, shard: str | None) -> None:
     """Ingest Kineto trace files (.json, .json.gz) or directories of them into STORE.
 
     All PATHS are ranks of one job. Each file's rank comes from --rank, else its
     distributedInfo, else a rank/worker number in its file name. Exit code 0 when every
-    file was ingested or skipped (already in the store), 1 when any failed.
+    file was ingested, staged (--shard) or skipped (already in the store), 1 when any failed.
     """
+    try:
+        shard_of = parse_shard(shard) if shard is not None else None
+    except UsageProblem as err:
+        raise click.UsageError(str(err)) from None
     opts = Options(store=store, job=job, rank=rank, force=force, strict=strict,
-                   workers=workers or 0, tmp_budget=tmp_budget, max_event_bytes=max_event_bytes)
+                   workers=workers or 0, tmp_budget=tmp_budget, max_event_bytes=max_event_bytes,
+                   shard=shard_of)
     failed = False
 
     def report(r: FileResult) -> None:
@@ -75,7 +85,7 @@ def ingest_command(paths: tuple[Path, ...], store: Path, job: str | None, rank: 
             click.echo(f"tracetool: error: {r.path}: {r.message}", err=True)
         elif not as_json:
             where = f"job {r.job} rank {r.rank}" if r.rank is not None else ""
-            verb = "ingested" if r.status == "ingested" else "skipped"
+            verb = r.status if r.status in ("ingested", "staged") else "skipped"
             click.echo(f"{verb} {r.path} -> {where}: {r.message}")
 
     bars = ProgressBars() if sys.stderr.isatty() and not as_json else None

@@ -1,0 +1,173 @@
+"""Shard ingests and their commit, for clusters without Ray (SLURM array jobs, Kubernetes
+indexed jobs).
+
+``tracetool ingest PATHS --shard I/N`` builds only the I-th of N slices of the job's sorted
+file list (every N-th file, from the I-th), checks each built rank against the store as an
+ingest does, and stages the partitions under ``STORE/staging/job=J/shard-I-of-N/`` instead of
+publishing them. The shard directory is assembled in ``.tmp`` and renamed into place with its
+``shard.json`` (what each file became) already in it, so a staged shard is always a finished
+one; running a shard again replaces its staged copy. ``tracetool commit STORE --job J``
+(``commit_job``) then checks that all N shards finished and that no rank is claimed twice or
+clashes with what the store holds, and only then publishes every staged partition, as an
+ingest's commit does (each rank atomically), and removes the staging.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+from .lock import owner_tag
+from .options import FileResult, UsageProblem
+from .store import Store
+
+SHARD = re.compile(r"^\s*(\d+)\s*/\s*(\d+)\s*$")
+SHARD_DIR = re.compile(r"^shard-(\d+)-of-(\d+)$")
+MANIFEST = "shard.json"
+
+
+def parse_shard(text: str) -> tuple[int, int]:
+    """``I/N`` with 0 <= I < N (``UsageProblem`` otherwise)."""
+    m = SHARD.match(text)
+    if not m or not int(m.group(1)) < int(m.group(2)):
+        raise UsageProblem(f"bad --shard {text!r}: give I/N with 0 <= I < N, e.g. 0/8 for the "
+                           "first of 8 shards")
+    return int(m.group(1)), int(m.group(2))
+
+
+def shard_files(files: list[Path], shard: tuple[int, int]) -> list[Path]:
+    """The files shard I of N builds: every N-th of the sorted list, from the I-th (so the
+    shards of one job, given the same paths, split it without overlap or gap)."""
+    i, n = shard
+    return sorted(files)[i::n]
+
+
+def staging_dir(store: Store, job: str) -> Path:
+    return store.root / "staging" / f"job={job}"
+
+
+class Stage:
+    """The partitions one shard has built, gathered in a work directory until ``publish``."""
+
+    def __init__(self, store: Store, job: str, shard: tuple[int, int]) -> None:
+        self.store, self.job, self.shard = store, job, shard
+        self.dir = store.tmp / f"{owner_tag()}-shard-{uuid.uuid4().hex}"
+        self.dir.mkdir(parents=True)
+
+    def add(self, rank: int, built: Path) -> None:
+        built.rename(self.dir / f"rank={rank}")
+
+    def publish(self, results: list[FileResult]) -> Path:
+        """Write shard.json and move the shard into ``staging/`` (under the store lock),
+        replacing an earlier run of the same shard."""
+        i, n = self.shard
+        entries = [{"path": r.path, "status": r.status, "rank": r.rank, "sha256": r.sha256,
+                    "message": r.message,
+                    "staged": r.status == "staged" and (self.dir / f"rank={r.rank}").is_dir()}
+                   for r in results]
+        (self.dir / MANIFEST).write_text(json.dumps(
+            {"job": self.job, "shard": i, "of": n, "files": entries}, indent=1) + "\n")
+        target = staging_dir(self.store, self.job) / f"shard-{i}-of-{n}"
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with self.store.lock():
+            if target.exists():
+                old = self.store.tmp / f"{owner_tag()}-old-shard-{uuid.uuid4().hex}"
+                target.rename(old)
+                shutil.rmtree(old, ignore_errors=True)
+            self.dir.rename(target)
+        return target
+
+    def discard(self) -> None:
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+@dataclass
+class StagedShard:
+    index: int
+    of: int
+    dir: Path
+    files: list[dict]
+
+
+def staged_shards(store: Store, job: str) -> list[StagedShard]:
+    """The finished shards staged for ``job`` (a directory with its shard.json)."""
+    out = []
+    d = staging_dir(store, job)
+    for entry in sorted(d.iterdir()) if d.is_dir() else []:
+        m = SHARD_DIR.match(entry.name)
+        if not m or not (entry / MANIFEST).is_file():
+            continue
+        doc = json.loads((entry / MANIFEST).read_text())
+        out.append(StagedShard(int(m.group(1)), int(m.group(2)), entry, doc["files"]))
+    return out
+
+
+class CommitProblem(ValueError):
+    """The staged shards of a job cannot be published as they are (one line)."""
+
+
+def check_complete(shards: list[StagedShard], job: str) -> None:
+    """Every shard of one N present (``CommitProblem`` naming what is missing)."""
+    if not shards:
+        raise CommitProblem(f"job {job}: nothing staged (run `tracetool ingest ... --job {job} "
+                            "--shard I/N` for each shard first)")
+    counts = sorted({s.of for s in shards})
+    if len(counts) > 1:
+        raise CommitProblem(f"job {job}: staged shards disagree on their number ("
+                            f"{', '.join(f'of {n}' for n in counts)}): run every shard with "
+                            "the same N")
+    n = counts[0]
+    missing = sorted(set(range(n)) - {s.index for s in shards})
+    if missing:
+        raise CommitProblem(f"job {job}: shard{'s' if len(missing) > 1 else ''} "
+                            f"{', '.join(map(str, missing))} of {n} not staged (not run, "
+                            "still running or killed): run them, then commit")
+
+
+def commit_job(store: Store, job: str, force: bool = False) -> list[FileResult]:
+    """Publish every partition the shards of ``job`` staged, once every shard finished and
+    nothing clashes; one result per staged file (and the files the shards reported as
+    failed or skipped, as they reported them). Raises ``CommitProblem`` before publishing
+    anything when the shards are incomplete, a rank is staged twice, or a rank clashes with
+    what the store holds (without ``force``)."""
+    from .pipeline import commit_built  # the ingest's commit rules, one home
+
+    with store.lock():
+        shards = staged_shards(store, job)
+        check_complete(shards, job)
+        staged, reported = [], []
+        for s in shards:
+            for f in s.files:
+                if f["staged"]:
+                    staged.append(FileResult(f["path"], "built", job=job, rank=f["rank"],
+                                             sha256=f["sha256"],
+                                             built=str(s.dir / f"rank={f['rank']}")))
+                else:
+                    reported.append(FileResult(f["path"], f["status"], f["message"], job=job,
+                                               rank=f["rank"]))
+        by_rank: dict[int, list[str]] = {}
+        for r in staged:
+            by_rank.setdefault(r.rank, []).append(Path(r.path).name)
+        twice = {k: v for k, v in by_rank.items() if len(v) > 1}
+        if twice:
+            rank, names = min(twice.items())
+            raise CommitProblem(f"job {job}: rank {rank} staged by {' and '.join(names)}"
+                                f"{f' (and {len(twice) - 1} more ranks)' if len(twice) > 1 else ''}"
+                                ": give those files other --job names or ranks")
+        stored = store.stored_files()
+        clash = [(r, s) for r in staged for s in stored
+                 if s.job == job and s.rank == r.rank and s.sha256 != r.sha256]
+        if clash and not force:
+            r, s = clash[0]
+            raise CommitProblem(f"job {job} rank {r.rank} already holds {s.file_name} "
+                                f"(different content from {Path(r.path).name}); use --force "
+                                "to replace it")
+        committed: dict[int, str] = {}
+        results = [commit_built(r, store, stored, committed, force) for r in staged]
+        shutil.rmtree(staging_dir(store, job), ignore_errors=True)
+    store.remove_retired()
+    return results + reported

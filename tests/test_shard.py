@@ -1,0 +1,133 @@
+"""Shard ingests (``tracetool ingest --shard I/N``) and ``tracetool commit`` (issue 14, item 1).
+
+The 8-rank DLRM job of ../shared/traces built as three shards, in separate processes as a
+SLURM array would run them, then committed, gives the same tables as one plain ingest; a
+commit with a shard missing, or a rank staged twice, publishes nothing and says why."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import tracetool
+from tracetool.schema import TABLES
+
+from ._util import SHARED_TRACES, kineto_text, run, write, x
+
+DLRM = SHARED_TRACES / "facebookresearch__param/et_replay/tests/inputs/dlrm_kineto/dlrm_kineto"
+needs_corpus = pytest.mark.skipif(not DLRM.is_dir(), reason=f"corpus not found: {DLRM}")
+
+
+def cli(*args: str | Path) -> subprocess.CompletedProcess:
+    """The CLI in its own process, as a shard of an array job runs it."""
+    return subprocess.run([sys.executable, "-m", "tracetool", *map(str, args)],
+                          capture_output=True, text=True, timeout=300)
+
+
+def tables(store: Path) -> dict[str, list[tuple]]:
+    """Every table of the store, rows sorted, minus when it was ingested."""
+    con = tracetool.connect(store)
+    out = {}
+    for t in TABLES:
+        cols = [c.name for c in t.columns if c.name != "ingested_at"]
+        out[t.name] = con.execute(f"SELECT job, rank, {', '.join(cols)} FROM {t.name} "
+                                  "ORDER BY ALL").fetchall()
+    return out
+
+
+@needs_corpus
+def test_three_shards_then_commit_equal_one_ingest(tmp_path: Path) -> None:
+    sharded, plain = tmp_path / "sharded", tmp_path / "plain"
+    for i in range(3):
+        r = cli("ingest", DLRM, "--store", sharded, "--job", "dlrm", "--shard", f"{i}/3",
+                "--workers", "1")
+        assert r.returncode == 0, r.stderr
+        staged = [line for line in r.stdout.splitlines() if line.startswith("staged ")]
+        assert len(staged) == len(range(i, 8, 3))  # every 3rd of the 8 sorted files
+    assert not (sharded / "data").exists()  # nothing published before the commit
+    r = cli("commit", sharded, "--job", "dlrm")
+    assert r.returncode == 0, r.stderr
+    assert sorted(int(line.rsplit(" ", 1)[1]) for line in r.stdout.splitlines()
+                  if line.startswith("ingested ")) == list(range(8))
+    assert not (sharded / "staging" / "job=dlrm").exists()
+    assert cli("ingest", DLRM, "--store", plain, "--job", "dlrm").returncode == 0
+    a, b = tables(sharded), tables(plain)
+    assert len(a["trace_files"]) == 8 and len(a["rank_edges"]) > 10_000
+    for name in a:
+        assert a[name] == b[name], name
+    # committing again: nothing staged any more
+    r = cli("commit", sharded, "--job", "dlrm")
+    assert r.returncode == 1 and "nothing staged" in r.stderr
+
+
+def _single(tmp_path: Path, name: str, rank: int, ts: int) -> Path:
+    return write(tmp_path / name, kineto_text([x("op", ts, 5)], rank=rank))
+
+
+def test_a_missing_shard_publishes_nothing(tmp_path: Path) -> None:
+    files = [_single(tmp_path, f"rank{r}.json", r, 10 + r) for r in range(4)]
+    store = tmp_path / "store"
+    for i in (0, 2):  # shard 1 of 3 never ran (or was killed before it staged)
+        code, out, err = run("ingest", *files, "--store", store, "--job", "j",
+                             "--shard", f"{i}/3", "--workers", "1")
+        assert code == 0, err
+    code, out, err = run("commit", store, "--job", "j")
+    assert code == 1 and out == ""
+    assert err == f"tracetool: error: {store}: job j: shard 1 of 3 not staged (not run, still " \
+                  "running or killed): run them, then commit\n"
+    assert not (store / "data").exists()
+    # the missing shard, run again later: then the commit publishes all four ranks
+    assert run("ingest", *files, "--store", store, "--job", "j", "--shard", "1/3",
+               "--workers", "1")[0] == 0
+    code, out, err = run("commit", store, "--job", "j")
+    assert code == 0, err
+    assert sorted(p.name for p in (store / "data" / "job=j").iterdir()) == \
+        [f"rank={r}" for r in range(4)]
+
+
+def test_a_rank_staged_twice_publishes_nothing(tmp_path: Path) -> None:
+    a, b = _single(tmp_path, "a.json", 0, 10), _single(tmp_path, "b.json", 0, 20)
+    store = tmp_path / "store"
+    for i in range(2):  # each shard sees one rank-0 file: only the commit can tell
+        assert run("ingest", a, b, "--store", store, "--job", "j", "--shard", f"{i}/2",
+                   "--workers", "1")[0] == 0
+    code, out, err = run("commit", store, "--job", "j")
+    assert code == 1
+    assert err == (f"tracetool: error: {store}: job j: rank 0 staged by a.json and b.json: give "
+                   "those files other --job names or ranks\n")
+    assert not (store / "data").exists()
+    assert len(list((store / "staging" / "job=j").iterdir())) == 2  # kept for a fix
+
+
+def test_running_a_shard_again_replaces_its_staged_copy(tmp_path: Path) -> None:
+    f = _single(tmp_path, "rank0.json", 0, 10)
+    store = tmp_path / "store"
+    for _ in range(2):
+        assert run("ingest", f, "--store", store, "--job", "j", "--shard", "0/1")[0] == 0
+    assert [p.name for p in (store / "staging" / "job=j").iterdir()] == ["shard-0-of-1"]
+    assert not list((store / ".tmp").iterdir())  # no stage left behind
+    assert run("commit", store, "--job", "j")[0] == 0
+
+
+@pytest.mark.parametrize("shard", ["3/3", "0/0", "1", "a/b", "-1/2"])
+def test_bad_shard_is_a_usage_error(tmp_path: Path, shard: str) -> None:
+    f = _single(tmp_path, "rank0.json", 0, 10)
+    code, _, err = run("ingest", f, "--store", tmp_path / "s", "--shard", shard)
+    assert code == 2 and f"bad --shard {shard!r}: give I/N with 0 <= I < N" in err
+
+
+def test_rank_and_shard_do_not_go_together(tmp_path: Path) -> None:
+    f = _single(tmp_path, "rank0.json", 0, 10)
+    code, _, err = run("ingest", f, "--store", tmp_path / "s", "--rank", "0", "--shard", "0/2")
+    assert code == 2 and "--rank and --shard do not go together" in err
+
+
+def test_commit_of_a_store_with_nothing_staged(tmp_path: Path) -> None:
+    (tmp_path / "s").mkdir()
+    code, out, err = run("commit", tmp_path / "s", "--job", "j")
+    assert code == 1 and "nothing staged (no staging/ directory)" in err
+    shutil.rmtree(tmp_path / "s")

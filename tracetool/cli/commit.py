@@ -1,0 +1,58 @@
+"""``tracetool commit``: publish what the shards of a job staged (``ingest --shard I/N``)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+
+from tracetool.errors import StoreError
+from tracetool.ingest.shard import CommitProblem, commit_job
+from tracetool.ingest.store import Store
+from tracetool.signals import Interrupted, interruptible
+
+
+@click.command("commit", short_help="Publish the shards of a job staged by ingest --shard.")
+@click.argument("store", type=click.Path(path_type=Path))
+@click.option("--job", required=True, help="The job whose staged shards to publish.")
+@click.option("--force", is_flag=True,
+              help="Replace ranks the store already holds with other content.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object per file.")
+def commit_command(store: Path, job: str, force: bool, as_json: bool) -> None:
+    """Publish every rank the shards of JOB staged in STORE, once all N shards finished.
+
+    Nothing is published when a shard is missing (not run, still running, or killed), a
+    rank is staged by two files, or a rank clashes with what the store holds (unless
+    --force). Exit code 0 when every staged rank was published (or skipped: already in the
+    store), 1 otherwise (one line on stderr)."""
+    s = Store(store)
+    if not (s.root / "staging").is_dir():
+        _fail(f"{store}: nothing staged (no staging/ directory): run `tracetool ingest ... "
+              f"--store {store} --job {job} --shard I/N` first")
+    try:
+        with interruptible():
+            s.check_format()
+            results = commit_job(s, job, force)
+    except (CommitProblem, StoreError) as err:
+        _fail(f"{store}: {err}")
+    except Interrupted as err:
+        _fail(f"interrupted by {err}; the ranks published so far are in the store, the "
+              "others are still staged", err.exit_code)
+    failed = False
+    for r in results:
+        failed |= r.status == "error"
+        if as_json:
+            click.echo(json.dumps(r.as_json()))
+        elif r.status == "error":
+            click.echo(f"tracetool: error: {r.path}: {r.message}", err=True)
+        else:
+            click.echo(f"{r.status} {r.path} -> job {r.job} rank {r.rank}"
+                       + (f": {r.message}" if r.message else ""))
+    sys.exit(1 if failed else 0)
+
+
+def _fail(message: str, code: int = 1) -> None:
+    click.echo(f"tracetool: error: {message}", err=True)
+    sys.exit(code)
