@@ -28,6 +28,7 @@ class Options:
     max_event_bytes: int = 64 << 20
     tmp_budget: int | None = None  # bytes of work files per trace file (None: budget.py's default)
     shard: tuple[int, int] | None = None  # (I, N): build slice I of N and stage it (shard.py)
+    executor: str = "local"  # local: this machine's worker pool; ray: one Ray task per file
 
 
 @dataclass

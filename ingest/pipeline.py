@@ -13,7 +13,7 @@ import errno
 import os
 import re
 import stat
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future
 from dataclasses import replace
 from pathlib import Path
@@ -151,9 +151,7 @@ def ingest(
     with store.lock():
         store.reclaim()  # work files of dead ingests on this host
     stored = store.stored_files()
-    workers = Workers(opts.workers or os.cpu_count() or 1)
-    small = [f for f in files if _size(f) <= opts.piece_bytes]
-    parallel_files = workers.workers > 1 and len(files) > 1
+    workers = Workers(1 if opts.executor == "ray" else opts.workers or os.cpu_count() or 1)
     committed: dict[int, str] = {}
     workdirs: list[Path] = []  # removed at the end whatever happens (an error, Ctrl-C)
     stage = Stage(store, job, opts.shard) if opts.shard is not None else None
@@ -162,24 +160,16 @@ def ingest(
         workdirs.append(store.new_workdir())
         return workdirs[-1]
 
+    builds: Iterator[tuple[Path, FileResult]] | None = None
     try:
-        if any(_json_size(f) >= decode.FAST_MIN_BYTES for f in files):
-            _load_scanner()  # before the fork: the workers inherit the loaded scanner
-        if workers.workers > 1 and (parallel_files or len(small) < len(files)):
-            workers.pool()  # fork the workers before this process starts DuckDB threads
-        pending: dict[Path, tuple[Path, Future]] = {}
-        if parallel_files:
-            for f in small:
-                wd = new_workdir()
-                pending[f] = (wd, workers.submit(build_file, f, opts, wd, stored))
-        for f in files:
-            if f in pending:
-                wd, fut = pending.pop(f)
-                r = fut.result()
-            else:
-                wd = new_workdir()
-                prog = progress_factory(f, _size(f)) if progress_factory else None
-                r = build_file(f, opts, wd, stored, workers, prog)
+        if opts.executor == "ray":
+            from .ray_executor import ray_builds
+
+            builds = ray_builds(files, opts, stored, new_workdir)
+        else:
+            builds = _local_builds(files, opts, stored, workers, new_workdir,
+                                   progress_factory)
+        for wd, r in builds:
             try:
                 if r.status == "built":
                     with store.lock():  # what other ingests committed meanwhile counts
@@ -198,6 +188,8 @@ def ingest(
         workers.close(kill=not isinstance(err, Exception))
         raise
     finally:
+        if builds is not None:
+            builds.close()  # the Ray executor cancels the tasks still running
         workers.close()  # first: no worker may still write into a work dir
         for wd in workdirs:
             store.cleanup(wd)
@@ -205,6 +197,34 @@ def ingest(
             stage.discard()  # gone already when it was published
         store.remove_retired()
     return results
+
+
+def _local_builds(files: list[Path], opts: Options, stored: list[StoredFile], workers: Workers,
+                  new_workdir: Callable[[], Path],
+                  progress_factory: Callable[[Path, int], Callable[[int], None]] | None
+                  ) -> Iterator[tuple[Path, FileResult]]:
+    """(work dir, built result) of each file, in input order, on this machine: small files
+    (one piece) whole on the worker pool, several at once; a large one here, its pieces
+    decoded on the pool."""
+    small = [f for f in files if _size(f) <= opts.piece_bytes]
+    parallel_files = workers.workers > 1 and len(files) > 1
+    if any(_json_size(f) >= decode.FAST_MIN_BYTES for f in files):
+        _load_scanner()  # before the fork: the workers inherit the loaded scanner
+    if workers.workers > 1 and (parallel_files or len(small) < len(files)):
+        workers.pool()  # fork the workers before this process starts DuckDB threads
+    pending: dict[Path, tuple[Path, Future]] = {}
+    if parallel_files:
+        for f in small:
+            wd = new_workdir()
+            pending[f] = (wd, workers.submit(build_file, f, opts, wd, stored))
+    for f in files:
+        if f in pending:
+            wd, fut = pending.pop(f)
+            yield wd, fut.result()
+        else:
+            wd = new_workdir()
+            prog = progress_factory(f, _size(f)) if progress_factory else None
+            yield wd, build_file(f, opts, wd, stored, workers, prog)
 
 
 def commit_built(r: FileResult, store: Store, stored: list[StoredFile],

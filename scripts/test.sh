@@ -2,6 +2,6 @@
 # The test suite: set up, lint, run pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh "[test]"
+bash scripts/setup.sh "[test,ray]"
 .venv/bin/ruff check .
 .venv/bin/python -m pytest -q "$@"
