@@ -36,6 +36,7 @@ def write_path_trace(con: duckdb.DuckDBPyConnection, job: str, segments: list[di
     ranks = sorted({s["rank"] for s in segments if s["rank"] is not None} |
                    {r for (r,) in con.execute("SELECT DISTINCT rank FROM trace_files "
                                                 "WHERE job = ?", [job]).fetchall()})
+    out.parent.mkdir(parents=True, exist_ok=True)  # as report's --out: made when missing
     tmp = out.with_name(out.name + ".tmp")
     n = 0
     with open(tmp, "w") as f:

@@ -261,15 +261,26 @@ def _windows(con: duckdb.DuckDBPyConnection, job: str, step: int | None,
         """SELECT step, start_ns, end_ns FROM job_steps
            WHERE job = $job AND ($step IS NULL AND (complete OR $all) OR step = $step)
            ORDER BY step""", {"job": job, "step": step, "all": include_incomplete}).fetchall()
+    if not rows:
+        _check_job(con, job)
     if step is not None and not rows:
         raise ValueError(f"job {job!r} has no step {step}")
     if rows:
         return [(s, int(a), int(b)) for s, a, b in rows]
-    lo, hi = con.execute("SELECT min(ts_ns), max(end_ns) FROM cp_nodes WHERE job = ?",
-                         [job]).fetchone()
+    ((lo, hi),) = con.execute("SELECT min(ts_ns), max(end_ns) FROM cp_nodes WHERE job = ?",
+                              [job]).fetchall()
     if lo is None:
         raise ValueError(f"job {job!r} has no events on CPU threads or GPU streams")
     return [(None, int(lo), int(hi))]
+
+
+def _check_job(con: duckdb.DuckDBPyConnection, job: str) -> None:
+    """ValueError naming the store's jobs when it has no ``job`` (a typo is not 'no events')."""
+    jobs = [j for (j,) in con.execute(
+        "SELECT DISTINCT job FROM trace_files ORDER BY job").fetchall()]
+    if job not in jobs:
+        raise ValueError(f"no job {job!r} in the store (it holds "
+                         f"{', '.join(map(repr, jobs)) or 'no job'})")
 
 
 def critical_path(con: duckdb.DuckDBPyConnection, job: str, step: int | None = None, *,

@@ -22,6 +22,7 @@ import duckdb
 
 from tracetool.analysis.collectives import collective_warnings
 from tracetool.analysis.connect import connect
+from tracetool.errors import one_line
 from tracetool.numbers import round_ns
 from tracetool.text import markdown_cell, printable
 
@@ -42,9 +43,8 @@ class StoreError(Exception):
 
 
 def first_line(err: BaseException) -> str:
-    """The first line of an error's message (DuckDB's run to several lines)."""
-    text = str(err).strip()
-    return text.splitlines()[0] if text else type(err).__name__
+    """An error's message in one line (DuckDB's run to several; ``errors.one_line``)."""
+    return one_line(err)
 
 
 def open_job(store: Path | str, job: str | None = None
@@ -191,7 +191,9 @@ def collectives(con: duckdb.DuckDBPyConnection, job: str) -> dict[str, Any]:
                    max(skew_ns) AS skew_ns, max(transfer_ns) AS transfer_ns,
                    max(bytes) AS bytes, sum(wait_ns) AS wait_ns
             FROM collective_instances WHERE job = ? GROUP BY instance)
-        SELECT collective, count(*) AS instances, sum(bytes)::BIGINT AS bytes,
+        SELECT collective, count(*) AS instances, count(bytes) AS sized_instances,
+               -- the total only when every instance's size is known (2021 traces: none)
+               CASE WHEN count(bytes) = count(*) THEN sum(bytes)::BIGINT END AS bytes,
                median(transfer_ns) AS median_transfer_ns, avg(skew_ns) AS mean_skew_ns,
                max(skew_ns) AS max_skew_ns, sum(wait_ns)::BIGINT AS wait_ns
         FROM inst GROUP BY collective ORDER BY wait_ns DESC, collective""", [job])
@@ -584,6 +586,15 @@ def _summary_charts(con: duckdb.DuckDBPyConnection, job: str, summary: dict[str,
     return charts
 
 
+def _mb(r: dict[str, Any]) -> str:
+    """Total MB of a collective type, or why there is none (sizes not in the trace)."""
+    if r["bytes"] is not None:
+        return f"{r['bytes'] / 1e6:,.1f}"
+    if r["sized_instances"]:
+        return f"unknown ({r['sized_instances']} of {r['instances']} sized)"
+    return "unknown"
+
+
 def _ms(ns: float | None) -> str:
     return "" if ns is None else f"{ns / 1e6:,.3f}"
 
@@ -664,7 +675,7 @@ def _sections(s: dict[str, Any], charts: dict[str, str], store: Path | str | Non
                           "Wait: how long a rank waited for the last one to arrive.")
         coll.tables.append((["collective", "instances", "MB", "median transfer ms",
                              "mean skew ms", "max skew ms", "total wait ms"], [
-            [r["collective"], str(r["instances"]), f"{(r['bytes'] or 0) / 1e6:,.1f}",
+            [r["collective"], str(r["instances"]), _mb(r),
              _ms(r["median_transfer_ns"]), _ms(r["mean_skew_ns"]), _ms(r["max_skew_ns"]),
              _ms(r["wait_ns"])] for r in c["by_type"]]))
         coll.tables.append((["rank", "calls", "in collectives ms", "waited ms", "times last"], [

@@ -1,4 +1,4 @@
-"""The error every command reports as a usage error (one line, exit 2)."""
+"""The errors every command reports, and how they are put in one line."""
 
 from __future__ import annotations
 
@@ -12,3 +12,13 @@ class InputError(ValueError):
 class StoreError(OSError):
     """The store cannot be used as asked (another format, locked, not writable): the CLI
     prints one line naming the store and exits 1."""
+
+
+def one_line(err: BaseException) -> str:
+    """An error's message in one line: its first line, plus DuckDB's hint when it has one
+    (``Did you mean "step_breakdown"?``, on the line after a catalog error)."""
+    lines = [ln.strip() for ln in str(err).strip().splitlines()]
+    if not lines or not lines[0]:
+        return type(err).__name__
+    hint = next((ln for ln in lines[1:3] if ln.startswith("Did you mean")), None)
+    return f"{lines[0]} {hint}" if hint else lines[0]

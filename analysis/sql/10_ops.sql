@@ -43,7 +43,7 @@ FROM (SELECT *,  -- the function name, without template or call arguments
 -- step: ProfilerStep whose CPU annotation contains ts_ns (same rank), NULL outside steps.
 CREATE OR REPLACE VIEW cpu_ops AS
 WITH child AS (
-    SELECT job, rank, parent_eid AS eid, sum(dur_ns) AS child_ns
+    SELECT job, rank, parent_eid AS eid, sum(dur_ns)::BIGINT AS child_ns
     FROM events WHERE parent_eid IS NOT NULL AND ph = 'X' GROUP BY ALL)
 SELECT e.job, e.rank, e.eid, e.name, e.tid, e.ts_ns, e.end_ns, e.dur_ns, e.depth,
        e.parent_eid, e.dur_ns - coalesce(c.child_ns, 0) AS self_ns, e.external_id, e.seq_nr,

@@ -18,6 +18,7 @@ import click
 import duckdb
 
 from tracetool.analysis.connect import connect, setup_sql
+from tracetool.errors import one_line
 from tracetool.store_views import writable_dirs
 from tracetool.text import printable
 
@@ -113,8 +114,7 @@ def check_statements(query: str, writes_allowed: bool) -> None:
 
 def _explain(err: BaseException) -> str:
     """The error's first line, with why tracetool sql blocked it when DuckDB's settings did."""
-    text = str(err).strip()
-    first = text.splitlines()[0] if text else type(err).__name__
+    first = one_line(err)
     if isinstance(err, duckdb.PermissionException):
         return (f"{first} (tracetool sql reads only the store's files and writes files only "
                 "under --allow-writes DIR)")
