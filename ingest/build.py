@@ -192,9 +192,14 @@ def _build(
         rank, source = r, "distributedInfo"
     elif (r := rank_from_file_name(path)) is not None:
         rank, source = r, "file_name"
+    elif opts.single_file:  # what every peer tool does with one trace
+        rank, source = 0, "single_file"
+        res.warnings.append("no rank in the trace (distributedInfo) or its file name: "
+                            "stored as rank 0 (a single file); --rank N chooses another")
     if rank is None:
         raise FileFailed("no rank: the trace has no distributedInfo.rank and the file name "
-                         "has no rank/worker number; pass --rank N")
+                         "has no rank/worker number; pass --rank N (one file at a time), or "
+                         "--job-per-file to ingest each file as a job of its own")
     if rank > MAX_RANK:  # the store's rank (a hive partition) is a 32-bit integer
         raise FileFailed(f"rank {rank} (from {source}) is outside 0..{MAX_RANK}")
     res.rank = rank

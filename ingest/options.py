@@ -29,6 +29,8 @@ class Options:
     tmp_budget: int | None = None  # bytes of work files per trace file (None: budget.py's default)
     shard: tuple[int, int] | None = None  # (I, N): build slice I of N and stage it (shard.py)
     executor: str = "local"  # local: this machine's worker pool; ray: one Ray task per file
+    single_file: bool = False  # the ingest has one file: without a rank, it is rank 0
+    job_per_file: bool = False  # each file its own job, named after the file
 
 
 @dataclass

@@ -131,6 +131,8 @@ def ingest(
     for r in results:
         if on_result:
             on_result(r)
+    if opts.job_per_file:
+        return _job_per_file(files, results, opts, on_result, progress_factory)
     job = opts.job or default_job(paths, files)
     if not JOB_NAME.match(job):
         raise UsageProblem(f"invalid job name {job!r}: use letters, digits, '.', '_', '+', '-'")
@@ -144,7 +146,7 @@ def ingest(
             raise UsageProblem("--rank and --shard do not go together: a shard's ranks come "
                                "from its files")
         files = shard_files(files, opts.shard)
-    opts = replace(opts, job=job)
+    opts = replace(opts, job=job, single_file=len(files) == 1 and opts.shard is None)
     store = Store(opts.store)
     store.create()
     store.check_format()
@@ -196,6 +198,35 @@ def ingest(
         if stage is not None:
             stage.discard()  # gone already when it was published
         store.remove_retired()
+    return results
+
+
+def file_job(f: Path) -> str:
+    """--job-per-file: a file's job, its name without the trace suffixes (.pt.trace.json.gz)."""
+    name = f.name
+    for suffix in (".gz", ".json", ".trace", ".pt"):
+        name = name.removesuffix(suffix)
+    name = re.sub(r"[^A-Za-z0-9._+-]", "_", name)[:MAX_JOB_NAME] or "job"
+    return name if JOB_NAME.match(name) else "job_" + name[:MAX_JOB_NAME - 4]
+
+
+def _job_per_file(files: list[Path], results: list[FileResult], opts: Options,
+                  on_result: Callable[[FileResult], None] | None,
+                  progress_factory: Callable[[Path, int], Callable[[int], None]] | None
+                  ) -> list[FileResult]:
+    """Ingest each file as a job of its own (unrelated single-rank traces in one folder)."""
+    if opts.job is not None or opts.rank is not None or opts.shard is not None:
+        raise UsageProblem("--job-per-file names each job after its file: it does not go "
+                           "with --job, --rank or --shard")
+    jobs: dict[str, Path] = {}
+    for f in files:
+        if file_job(f) in jobs:
+            raise UsageProblem(f"--job-per-file: {jobs[file_job(f)].name} and {f.name} would "
+                               f"both be job {file_job(f)!r}: rename one, or ingest them apart")
+        jobs[file_job(f)] = f
+    for job, f in jobs.items():
+        results += ingest([f], replace(opts, job=job, job_per_file=False), on_result,
+                          progress_factory)
     return results
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+import tracetool
 from tracetool.ingest.pipeline import Options, ingest
 
 from ._util import con, kineto_text, run, write, x
@@ -322,8 +323,18 @@ def test_rank_resolution(tmp_path: Path) -> None:
     text = kineto_text([x("a", 1, 1)], rank=None)
     f = write(tmp_path / "trace.json", text)
     store = tmp_path / "s"
-    code, _, err = run("ingest", f, "--store", store, "--job", "j")
+    # one file with no rank anywhere is rank 0, as for every peer tool, with a warning
+    code, out, err = run("ingest", f, "--store", store, "--job", "one", "--json")
+    assert code == 0 and json.loads(out)["rank"] == 0
+    assert err == (f"tracetool: warning: {f}: no rank in the trace (distributedInfo) or its "
+                   "file name: stored as rank 0 (a single file); --rank N chooses another\n")
+    assert tracetool.connect(store).execute(
+        "SELECT rank_source FROM trace_files WHERE job = 'one'").fetchall() == [("single_file",)]
+    # two of them cannot both be rank 0 of one job: the error says what to do
+    h = write(tmp_path / "other.json", kineto_text([x("c", 1, 1)], rank=None))
+    code, _, err = run("ingest", f, h, "--store", store, "--job", "two")
     assert code == 1 and f"{f}: no rank" in err and "--rank" in err
+    assert "--job-per-file to ingest each file as a job of its own" in err
     code, out, err = run("ingest", f, "--store", store, "--job", "j", "--rank", "5", "--json")
     assert code == 0, err
     assert json.loads(out)["rank"] == 5
@@ -331,6 +342,21 @@ def test_rank_resolution(tmp_path: Path) -> None:
     g = write(tmp_path / "rank5.json", kineto_text([x("b", 1, 1)], rank=None))
     code, _, err = run("ingest", g, "--store", store, "--job", "j")
     assert code == 1 and "rank 5 already holds trace.json" in err
+
+
+def test_job_per_file(tmp_path: Path) -> None:
+    """Unrelated single-rank traces in one folder: each a job named after its file."""
+    d = tmp_path / "traces"
+    d.mkdir()
+    for name in ("resnet.pt.trace.json", "bert.json"):
+        write(d / name, kineto_text([x(name, 1, 1)], rank=None))
+    store = tmp_path / "s"
+    code, out, err = run("ingest", d, "--store", store, "--job-per-file", "--json")
+    assert code == 0, err
+    assert sorted((r["job"], r["rank"]) for r in map(json.loads, out.splitlines())) == \
+        [("bert", 0), ("resnet", 0)]
+    code, _, err = run("ingest", d, "--store", store, "--job-per-file", "--job", "x")
+    assert code == 2 and "--job-per-file names each job after its file" in err
 
 
 def test_reingest_is_noop_and_force_replaces(tmp_path: Path) -> None:

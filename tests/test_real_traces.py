@@ -368,18 +368,21 @@ def test_kineto_file_ingests_and_conserves_events(
     assert (res["rank"], tf["rank_source"]) == (rank, source)
 
 
-def test_trace_without_rank_is_a_clear_error(
+def test_trace_without_rank_is_rank_0_alone_and_an_error_with_others(
     traces_dir: Path, raw: dict[str, RawTrace], ingest_cli, tmp_path: Path
 ) -> None:
     for r in (NO_DI, NO_DI_RANK):
         assert rank_expectation(raw[r])[1] == "option"  # premise: no rank anywhere
-        run = ingest_cli([traces_dir / r], tmp_path / "store", "--workers", "2")
-        assert run.exit_code == 1
-        assert run.results[0]["status"] == "error"
-        assert "no rank" in run.results[0]["message"]
-        assert "--rank" in run.results[0]["message"]
-        assert "error" in run.stderr
-        assert not list((tmp_path / "store").glob("data/job=*/rank=*"))
+        run = ingest_cli([traces_dir / r], tmp_path / r, "--workers", "2")
+        assert run.exit_code == 0 and run.results[0]["rank"] == 0
+        assert "stored as rank 0 (a single file)" in run.stderr
+    run = ingest_cli([traces_dir / NO_DI, traces_dir / NO_DI_RANK], tmp_path / "both",
+                     "--workers", "2")
+    assert run.exit_code == 1
+    assert [x["status"] for x in run.results] == ["error", "error"]
+    assert all("no rank" in x["message"] and "--rank" in x["message"]
+               and "--job-per-file" in x["message"] for x in run.results)
+    assert not list((tmp_path / "both").glob("data/job=*/rank=*"))
 
 
 def test_dlrm_eight_ranks_one_command(

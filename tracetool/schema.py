@@ -96,7 +96,8 @@ TRACE_FILES = Table(
         _c("world_size", I32, "distributedInfo.world_size, NULL when absent."),
         _c("backend", STR, "distributedInfo.backend (nccl, gloo, ...), NULL when absent."),
         _c("rank_source", STR, "Where the rank came from: 'distributedInfo', 'option' "
-           "(--rank) or 'file_name'."),
+           "(--rank), 'file_name', or 'single_file' (rank 0: the only file of its ingest, "
+           "with no rank anywhere; a warning says so)."),
         _c("metadata", STR, "Every other top-level key of the file, as a JSON object text."),
         _c("events_read", I64, "Elements of traceEvents (or of the top-level array), "
            "including a truncated last element."),

@@ -53,6 +53,9 @@ class Size(click.ParamType):
               help="Build only the I-th of N slices of the files (every N-th, from the I-th) "
                    "and stage it; `tracetool commit` publishes the job once all N are staged "
                    "(SLURM array jobs, Kubernetes indexed jobs).")
+@click.option("--job-per-file", is_flag=True,
+              help="Ingest each file as a job of its own, named after the file (unrelated "
+                   "single-rank traces in one folder; a file with no rank is rank 0).")
 @click.option("--executor", type=click.Choice(["local", "ray"]), default="local",
               show_default=True,
               help="local: this machine's worker pool; ray: one Ray task per file on the "
@@ -60,7 +63,7 @@ class Size(click.ParamType):
 def ingest_command(paths: tuple[Path, ...], store: Path, job: str | None, rank: int | None,
                    force: bool, as_json: bool, strict: bool, workers: int | None,
                    tmp_budget: int | None, max_event_bytes: int, shard: str | None,
-                   executor: str) -> None:
+                   executor: str, job_per_file: bool) -> None:
     """Ingest Kineto trace files (.json, .json.gz) or directories of them into STORE.
 
     All PATHS are ranks of one job. Each file's rank comes from --rank, else its
@@ -73,7 +76,7 @@ def ingest_command(paths: tuple[Path, ...], store: Path, job: str | None, rank: 
         raise click.UsageError(str(err)) from None
     opts = Options(store=store, job=job, rank=rank, force=force, strict=strict,
                    workers=workers or 0, tmp_budget=tmp_budget, max_event_bytes=max_event_bytes,
-                   shard=shard_of, executor=executor)
+                   shard=shard_of, executor=executor, job_per_file=job_per_file)
     failed = False
 
     def report(r: FileResult) -> None:
