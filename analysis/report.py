@@ -24,17 +24,18 @@ from tracetool.analysis.collectives import collective_warnings
 from tracetool.analysis.connect import connect
 from tracetool.errors import one_line
 from tracetool.numbers import round_ns
-from tracetool.text import markdown_cell, printable
+from tracetool.palette import colour
+from tracetool.text import markdown_cell, printable, short_names
 
 TOP = 15  # rows of the top kernels / ops tables and chart
 NAME_WIDTH = 80  # long C++ kernel names are cut to this in tables (never in JSON)
 CHART_FILES = ("breakdown.png", "top_kernels.png", "top_cpu_ops.png", "collective_skew.png",
                "critical_path.png")
 BREAKDOWN_PARTS = (  # (summary key, label, colour): they add up to the step's duration
-    ("compute_ns", "compute", "#4c72b0"),
-    ("exposed_comm_ns", "exposed comm", "#dd8452"),
-    ("exposed_memcpy_ns", "memcpy (not overlapped)", "#55a868"),
-    ("idle_ns", "idle", "#c7c7c7"),
+    ("compute_ns", "compute", colour("compute")),
+    ("exposed_comm_ns", "exposed comm", colour("exposed_comm")),
+    ("exposed_memcpy_ns", "memcpy (not overlapped)", colour("exposed_memcpy")),
+    ("idle_ns", "idle", colour("idle")),
 )
 
 
@@ -337,9 +338,9 @@ def chart_breakdown(summary: dict[str, Any], path: Path) -> None:
     ax = fig.add_subplot()
     x = list(range(len(bd)))
     bottom = [0.0] * len(bd)
-    for key, label, colour in BREAKDOWN_PARTS:
+    for key, label, fill in BREAKDOWN_PARTS:
         ms = [max(0, r[key] or 0) / 1e6 for r in bd]
-        ax.bar(x, ms, bottom=bottom, label=label, color=colour, width=0.7)
+        ax.bar(x, ms, bottom=bottom, label=label, color=fill, width=0.7)
         bottom = [b + v for b, v in zip(bottom, ms, strict=True)]
     ax.set_xticks(x, [f"rank {r['rank']}" for r in bd], rotation=45 if len(bd) > 12 else 0)
     ax.set_ylabel("ms per step (mean)")
@@ -358,9 +359,17 @@ def chart_top(summary: dict[str, Any], path: Path) -> None:
     fig = _figure(11, max(3, 0.35 * len(rs) + 1.5))
     ax = fig.add_subplot()
     y = list(range(len(rs)))
-    ax.barh(y, [r[key] / 1e6 for r in rs], color="#4c72b0")
-    ax.set_yticks(y, [_short(r["name"], 60) for r in rs], fontsize=8)
+    kernels = top["what"] == "kernels"
+    cats = [r.get("category") or "other" for r in rs] if kernels else ["cpu"] * len(rs)
+    ax.barh(y, [r[key] / 1e6 for r in rs], color=[colour(c) for c in cats])
+    # names shortened as TensorBoard does, kept distinct (the tables keep them whole)
+    ax.set_yticks(y, short_names([r["name"] for r in rs]), fontsize=8)
     ax.invert_yaxis()
+    if kernels:
+        from matplotlib.patches import Patch
+
+        ax.legend(handles=[Patch(color=colour(c), label=c) for c in dict.fromkeys(cats)],
+                  loc="lower right", fontsize=8)
     if top["what"] == "kernels":
         ax.set_xlabel("total time over all ranks (ms)")
         ax.set_title(f"{summary['job']}: top kernels by total time")
@@ -470,17 +479,17 @@ def chart_critical_path(path: duckdb.DuckDBPyRelation, job: str, out: Path) -> N
     ranks, kinds = b["ranks"], b["kinds"]
     fig = _figure(12, max(3, 0.5 * len(ranks) + 2))
     ax = fig.add_subplot()
-    colours = _colours(len(kinds))
+    colours = [colour(k) for k in kinds]  # one palette: a kind's colour never moves
     x0, x1 = b["start_ns"] / 1e6, (b["start_ns"] + b["dur_ns"]) / 1e6
     y0, y1 = b["lane"] - 0.4, b["lane"] + 0.4
     verts = np.stack([np.stack([x0, y0], 1), np.stack([x0, y1], 1), np.stack([x1, y1], 1),
                       np.stack([x1, y0], 1)], 1)
-    for i, colour in enumerate(colours):
+    for i, fill in enumerate(colours):
         mine = b["kind"] == i
         if mine.any():
             # faces only: an outline would paint a sub-pixel bar a pixel wide, so a kind
             # with many short segments would cover the lane; each kind's area is its time
-            ax.add_collection(PolyCollection(verts[mine], facecolors=colour, linewidths=0))
+            ax.add_collection(PolyCollection(verts[mine], facecolors=fill, linewidths=0))
     ax.autoscale_view()
     for start in b["steps_ns"][1:]:
         ax.axvline(start / 1e6, color="black", linestyle=":", linewidth=0.8)
@@ -491,13 +500,6 @@ def chart_critical_path(path: duckdb.DuckDBPyRelation, job: str, out: Path) -> N
     ax.legend(handles=[Patch(color=c, label=k) for k, c in zip(kinds, colours, strict=True)],
               loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=8)
     _save(fig, out)
-
-
-def _colours(n: int) -> list[Any]:
-    from matplotlib import colormaps
-
-    cmap = colormaps["tab10" if n <= 10 else "tab20"]
-    return [cmap(i % cmap.N) for i in range(n)]
 
 
 # ------------------------------------------------------------------------ the report itself

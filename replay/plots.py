@@ -5,12 +5,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from tracetool.palette import colour
+
 if TYPE_CHECKING:
     from .run import ReplayResult
 
 
-PARTS = (("compute", "compute", "#4C72B0"), ("exposed_comm", "exposed comm", "#DD8452"),
-         ("exposed_memcpy", "memcpy (not overlapped)", "#8172B2"), ("idle", "idle", "#BBBBBB"))
+PARTS = tuple((k, label, colour(k)) for k, label in (
+    ("compute", "compute"), ("exposed_comm", "exposed comm"),
+    ("exposed_memcpy", "memcpy (not overlapped)"), ("idle", "idle")))
 
 
 def _figure(width: float, height: float) -> Any:
@@ -24,9 +27,9 @@ def _figure(width: float, height: float) -> Any:
 
 def _stack(ax: Any, x: list[float], parts: list[dict[str, int]], width: float) -> None:
     bottom = [0.0] * len(x)
-    for key, label, colour in PARTS:
+    for key, label, fill in PARTS:
         ms = [max(0, p.get(key, 0)) / 1e6 for p in parts]
-        ax.bar(x, ms, width, bottom=bottom, color=colour, label=label)
+        ax.bar(x, ms, width, bottom=bottom, color=fill, label=label)
         bottom = [b + m for b, m in zip(bottom, ms, strict=True)]
 
 

@@ -80,3 +80,55 @@ def test_unknown_collective_sizes_show_as_unknown(tmp_path: Path) -> None:
     md = (tmp_path / "report" / "report.md").read_text()
     rows = [line for line in md.splitlines() if line.startswith("| ") and "allreduce" in line]
     assert rows and all("| unknown |" in line for line in rows) and "| 0.0 |" not in md
+
+
+KERNELS = [  # kernel names as the H100 bert-small trace of ../shared/traces has them
+    "void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<c10::"
+    "BFloat16>, std::array<char*, 3ul> >(int, at::native::CUDAFunctor_add<c10::BFloat16>, "
+    "std::array<char*, 3ul>)",
+    "void at::native::vectorized_elementwise_kernel<4, at::native::GeluCUDAKernelImpl(at::"
+    "TensorIteratorBase&, at::native::GeluType)::{lambda()#2}::operator()() const::{lambda()#4}"
+    "::operator()() const::{lambda(c10::BFloat16)#1}, std::array<char*, 2ul> >(int, ...)",
+    "void at::native::vectorized_elementwise_kernel<4, at::native::AUnaryFunctor<long, long, "
+    "bool, at::native::(anonymous namespace)::CompareEqFunctor<long> >, std::array<char*, 2ul> "
+    ">(int, ...)",
+    "void at::native::(anonymous namespace)::vectorized_layer_norm_kernel<c10::BFloat16, float>"
+    "(int, float, c10::BFloat16 const*, c10::BFloat16 const*, c10::BFloat16 const*, float*)",
+    "void cutlass::Kernel2<cutlass_80_wmma_tensorop_bf16_s161616gemm_bf16_32x32_128x2_tn_align8>"
+    "(cutlass_80_wmma_tensorop_bf16_s161616gemm_bf16_32x32_128x2_tn_align8::Params)",
+    "Memcpy HtoD (Pageable -> Device)",
+    "aten::mm",
+]
+
+
+def test_chart_names_are_short_and_tell_kernels_apart() -> None:
+    from tracetool.text import short_names
+
+    got = short_names(KERNELS)
+    assert got == [
+        "vectorized_elementwise_kernel<CUDAFunctor_add>",
+        "vectorized_elementwise_kernel<GeluCUDAKernelImpl>",
+        "vectorized_elementwise_kernel<AUnaryFunctor>",
+        "vectorized_layer_norm_kernel",
+        "cutlass_80_wmma_tensorop_bf16_s161616gemm_bf16_32x32_128x2_…",
+        "Memcpy HtoD (Pageable -> Device)",
+        "aten::mm",
+    ]
+    assert all(len(n) <= 60 for n in got)
+    # names still equal once shortened are numbered, never merged
+    assert short_names(["void f<1>(int)", "void f<1>(long)"]) == ["f", "f #2"]
+
+
+def test_one_palette_a_kind_keeps_its_colour() -> None:
+    """A critical-path kind's colour does not depend on which other kinds a path has (it did:
+    colours were assigned by position among the kinds present)."""
+    from tracetool.analysis.critical_path import SEGMENT_KINDS
+    from tracetool.analysis.report import BREAKDOWN_PARTS
+    from tracetool.palette import colour
+    from tracetool.replay.plots import PARTS
+
+    assert len({colour(k) for k in SEGMENT_KINDS}) == len(SEGMENT_KINDS)  # all told apart
+    assert colour("compute") == BREAKDOWN_PARTS[0][2] == PARTS[0][2]
+    assert [p[2] for p in BREAKDOWN_PARTS] == [p[2] for p in PARTS]  # report = replay plots
+    with pytest.raises(KeyError):
+        colour("computee")

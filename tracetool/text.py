@@ -8,6 +8,8 @@ read as markup (``markdown_cell``). CSV, JSON and HTML outputs escape by their o
 
 from __future__ import annotations
 
+import re
+
 _NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
 
 
@@ -27,3 +29,85 @@ def markdown_cell(text: str) -> str:
     for ch in "\\|*_`[]":
         text = text.replace(ch, "\\" + ch)
     return text.replace("<", "&lt;")
+
+
+# a C++ symbol (a return type, a qualified name, template arguments or a parameter list), as
+# kernel names are; other names ("Memcpy HtoD (Pageable -> Device)", "aten::mm") stay whole
+_CPP = re.compile(r"^\s*(void\s+)?[\w:~]+(<|\()")
+
+
+_WRAPPERS = {"Kernel", "Kernel2", "kernel", "device_kernel", "cutlass_kernel"}
+
+
+def _strip_templates(name: str) -> tuple[str, list[str]]:
+    """``name`` without its template arguments, and the top-level arguments removed."""
+    out, args, depth, cur = [], [], 0, []
+    for ch in name:
+        if ch == "<":
+            depth += 1
+            if depth == 1:
+                cur = []
+                continue
+        elif ch == ">" and depth:
+            depth -= 1
+            if depth == 0:
+                args.append("".join(cur))
+                continue
+        if depth:
+            cur.append(ch)
+        else:
+            out.append(ch)
+    return "".join(out), args
+
+
+def _base_name(name: str) -> tuple[str, list[str]]:
+    """A C++ kernel name reduced as TensorBoard's profiler does: no return type, no template
+    arguments, no parameter list, no namespaces (``void at::native::foo<4, F>(int, F)`` ->
+    ``foo``); and the words of its template arguments, to tell same-named kernels apart."""
+    bare, args = _strip_templates(name.strip().replace("(anonymous namespace)::", ""))
+    bare = bare.split("(", 1)[0].strip()
+    bare = bare.rsplit(" ", 1)[-1]  # the return type
+    base = bare.rsplit("::", 1)[-1] or bare
+    words = []
+    for a in args:
+        for w in "".join(c if c.isalnum() or c == "_" else " " for c in a).split():
+            if not w.isdigit() and w not in ("c10", "at", "native", "std", "void", "const",
+                                             "char", "array", "int", "long", "unsigned",
+                                             "float", "bool", "anonymous", "namespace",
+                                             "operator", "lambda", "detail", "cuda"):
+                words.append(w)
+    return base, words
+
+
+def short_names(names: list[str], width: int = 60) -> list[str]:
+    """Labels for ``names`` that fit ``width`` and stay distinct: each kernel's base name
+    (``_base_name``; a wrapper such as ``cutlass::Kernel2<k>`` is named after ``k``), and
+    where several share it, the first word of their template arguments that tells them
+    apart (``vectorized_elementwise_kernel<CUDAFunctor_add>``); labels still equal get
+    ``#2``, ``#3``. Names that are not C++ symbols stay whole (cut to ``width``)."""
+    parts = []
+    for n in names:
+        base, words = _base_name(printable(n))
+        if not (base and _CPP.match(n)):
+            base, words = printable(n), []
+        elif base in _WRAPPERS and words:
+            base, words = words[0], words[1:]
+        parts.append((base, words))
+    count: dict[str, int] = {}
+    for base, _ in parts:
+        count[base] = count.get(base, 0) + 1
+    out = []
+    for i, (base, words) in enumerate(parts):
+        label = base
+        if count[base] > 1:
+            others = {w for j, (b, ws) in enumerate(parts) if b == base and j != i for w in ws}
+            tell = next((w for w in words if w not in others), None)
+            if tell:
+                label = f"{base}<{tell}>"
+        out.append(label if len(label) <= width else label[:width - 1] + "…")
+    seen: dict[str, int] = {}
+    for i, label in enumerate(out):
+        seen[label] = seen.get(label, 0) + 1
+        if seen[label] > 1:
+            out[i] = f"{label} #{seen[label]}"
+    return out
