@@ -60,9 +60,51 @@ def plot_replay(result: ReplayResult, path: Path) -> None:
     fig.savefig(path, bbox_inches="tight")
 
 
-def plot_sweep(rows: list[dict], axis: str, path: Path) -> None:
-    """Projected step time (mean over steps) against the swept setting, stacked by
-    compute / memcpy / exposed comm / idle, with the measured step time as a line."""
+def plot_sweep(rows: list[dict], axis: str, path: Path) -> Any:
+    """Projected step time (mean over steps, with its band) against the swept settings;
+    returns the figure (saved to ``path``).
+
+    A grid of one axis with few settings is a stacked bar per setting (compute / memcpy /
+    exposed comm / idle); any larger grid is lines: the first axis that varies along x, one
+    line per value of the second, one facet per value of the third (the rest, if any, in
+    the line's label), so a 36-setting sweep reads as curves, not 36 crowded bars."""
+    varying = [k for k in (rows[0].get("axes") or {})
+               if len({r["axes"][k] for r in rows}) > 1]
+    if len(varying) <= 1 and len(rows) <= 12:
+        return _sweep_bars(rows, axis, path)
+    x_key, line_keys = varying[0], varying[1:2] + varying[3:]
+    facet_key = varying[2] if len(varying) > 2 else None
+    facets = list(dict.fromkeys(r["axes"][facet_key] for r in rows)) if facet_key else [None]
+    xs = list(dict.fromkeys(r["axes"][x_key] for r in rows))
+    fig = _figure(min(6 * len(facets), 18), 4.5)
+    axes = fig.subplots(1, len(facets), sharey=True, squeeze=False)[0]
+    for ax, facet in zip(axes, facets, strict=True):
+        mine = [r for r in rows if facet is None or r["axes"][facet_key] == facet]
+        lines = dict.fromkeys(", ".join(f"{k}={r['axes'][k]}" for k in line_keys) for r in mine)
+        for label in lines:
+            pts = [r for r in mine
+                   if ", ".join(f"{k}={r['axes'][k]}" for k in line_keys) == label]
+            pos = [xs.index(r["axes"][x_key]) for r in pts]
+            ms = [r["projected_step_ns"] / 1e6 for r in pts]
+            line, = ax.plot(pos, ms, marker="o", label=label or "projected")
+            ax.fill_between(pos, [r["low_ns"] / 1e6 for r in pts],
+                            [r["high_ns"] / 1e6 for r in pts], color=line.get_color(),
+                            alpha=0.15, linewidth=0)
+        ax.axhline(rows[0]["measured_step_ns"] / 1e6, color="black", linestyle="--",
+                   linewidth=1, label="measured")
+        ax.set_xticks(range(len(xs)), xs, rotation=30, ha="right", fontsize=8)
+        ax.set_xlabel(x_key)
+        if facet is not None:
+            ax.set_title(f"{facet_key}={facet}", fontsize=9)
+    axes[0].set_ylabel("step time, ms (mean over steps; shaded: band)")
+    axes[-1].legend(loc="upper left", bbox_to_anchor=(1, 1), fontsize=8)
+    fig.suptitle(f"sweep over {axis}", fontsize=10)
+    fig.savefig(path, bbox_inches="tight")
+    return fig
+
+
+def _sweep_bars(rows: list[dict], axis: str, path: Path) -> Any:
+    """One stacked bar per setting, with its band, and the measured step time as a line."""
     fig = _figure(max(6, 0.8 * len(rows) + 3), 4.5)
     ax = fig.add_subplot()
     xs = list(range(len(rows)))
@@ -78,3 +120,4 @@ def plot_sweep(rows: list[dict], axis: str, path: Path) -> None:
     ax.set_ylabel("step time, ms (mean over steps)")
     ax.legend(loc="upper left", bbox_to_anchor=(1, 1))
     fig.savefig(path, bbox_inches="tight")
+    return fig

@@ -35,8 +35,9 @@ def parse_axis(text: str) -> tuple[str, list[str]]:
 def sweep(replayer: Replayer, base: Scenario, network_axes: list[str],
           gpus: list[str] | None = None, dp_scales: list[int] | None = None,
           include_incomplete: bool = False) -> list[dict]:
-    """One row per grid point: the setting, and measured / projected step time, band and
-    breakdown as the mean over the job's complete steps."""
+    """One row per grid point: the setting (as a label, and as ``axes``: axis -> value), and
+    measured / projected step time, band and breakdown as the mean over the job's complete
+    steps."""
     g = replayer.graph
     axes = [parse_axis(a) for a in network_axes]
     src_net = source_network(g, base)
@@ -50,6 +51,8 @@ def sweep(replayer: Replayer, base: Scenario, network_axes: list[str],
     for point in grid:
         *net_items, gpu, dp = point
         parts = [f"{k}={v}" for k, v in net_items]
+        coords = dict(net_items) | ({"gpu": gpu} if gpu is not None else {}) | (
+            {"dp_scale": str(dp)} if dp_scales else {})
         sc = replace(base, dp_scale=dp)
         if net_items:
             sc = replace(sc, network=parse_network(",".join(parts), base=base_net))
@@ -63,7 +66,7 @@ def sweep(replayer: Replayer, base: Scenario, network_axes: list[str],
         mean = {k: int(np.mean([getattr(s, k) for s in res.steps]))
                 for k in ("measured_ns", "projected_ns", "low_ns", "high_ns")}
         rows.append({
-            "setting": sc.label, "steps": len(res.steps),
+            "setting": sc.label, "axes": coords, "steps": len(res.steps),
             "measured_step_ns": mean["measured_ns"], "projected_step_ns": mean["projected_ns"],
             "low_ns": mean["low_ns"], "high_ns": mean["high_ns"],
             "projected_breakdown_ns": {k: int(np.mean([s.projected[k] for s in res.steps]))

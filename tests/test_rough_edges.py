@@ -132,3 +132,31 @@ def test_one_palette_a_kind_keeps_its_colour() -> None:
     assert [p[2] for p in BREAKDOWN_PARTS] == [p[2] for p in PARTS]  # report = replay plots
     with pytest.raises(KeyError):
         colour("computee")
+
+
+def test_a_big_sweep_is_curves_and_facets_not_36_bars(tmp_path: Path) -> None:
+    """6 bandwidths x 3 latencies x 2 datacenter layouts: x = bandwidth, a line per latency,
+    a facet per layout; a 4-setting sweep of one axis stays a bar chart."""
+    from tracetool.replay import Replayer, Scenario, parse_network
+    from tracetool.replay.plots import plot_sweep
+    from tracetool.replay.sweep import sweep
+
+    netlab = SAMPLES.parent / "netlab" / "bw_1gbit"
+    ingest([netlab], Options(tmp_path / "s", job="n"))
+    r = Replayer.from_store(tracetool.connect(tmp_path / "s"), "n")
+    base = Scenario(source_network=parse_network(
+        "gpus_per_node=1,inter_node_bw=1Gbit/s,inter_node_latency=43us"))
+    rows = sweep(r, base, ["inter_node_bw=100Mbit/s,200Mbit/s,500Mbit/s,1,2,5Gbit/s",
+                           "inter_node_latency=43us,1ms,5ms", "ranks_per_dc=1,2"])
+    assert len(rows) == 36 and rows[0]["axes"] == {
+        "inter_node_bw": "100Mbit/s", "inter_node_latency": "43us", "ranks_per_dc": "1"}
+    fig = plot_sweep(rows, "bw x latency x dc", tmp_path / "sweep.png")
+    facets = [ax for ax in fig.axes if ax.get_title()]
+    assert [ax.get_title() for ax in facets] == ["ranks_per_dc=1", "ranks_per_dc=2"]
+    for ax in facets:
+        curves = [ln for ln in ax.get_lines() if ln.get_label().startswith("inter_node_lat")]
+        assert [len(ln.get_xdata()) for ln in curves] == [6, 6, 6]
+    assert (tmp_path / "sweep.png").stat().st_size > 10_000
+    small = sweep(r, base, ["inter_node_bw=200Mbit/s,500Mbit/s,1Gbit/s,2Gbit/s"])
+    bars = plot_sweep(small, "inter_node_bw", tmp_path / "small.png")
+    assert len(bars.axes[0].patches) >= 4 and not any(ax.get_title() for ax in bars.axes)

@@ -36,8 +36,9 @@ def sweep_command(store: Path, job: str | None, source_gpu: str | None,
                   window: str | None, axes: tuple[str, ...], gpus: str | None,
                   dp_scales: str | None, out: Path, as_json: bool) -> None:
     """Evaluate a grid of settings against one built graph: a table (sweep.csv) and a PNG
-    (sweep.png: step time against the setting, stacked by compute / memcpy / exposed comm /
-    idle).
+    (sweep.png: the projected step time and its band; for one axis of up to 12 settings a
+    bar per setting, stacked by compute / memcpy / exposed comm / idle; else curves along the
+    first axis, a line per value of the second, a facet per value of the third).
 
     Exit code 0; 2 on a what-if that names or changes nothing: a --gpu entry or --source-gpu
     not in the catalog, a --speedup with an unknown category or one matching no GPU op of
