@@ -20,8 +20,10 @@ from typing import Any
 
 import duckdb
 
+from tracetool.analysis.chrome_trace import write_path_trace
 from tracetool.analysis.collectives import collective_warnings
 from tracetool.analysis.connect import connect
+from tracetool.analysis.step_timeline import chart_step_timeline, choose_step
 from tracetool.errors import one_line
 from tracetool.numbers import round_ns
 from tracetool.palette import colour
@@ -30,7 +32,7 @@ from tracetool.text import markdown_cell, printable, short_names
 TOP = 15  # rows of the top kernels / ops tables and chart
 NAME_WIDTH = 80  # long C++ kernel names are cut to this in tables (never in JSON)
 CHART_FILES = ("breakdown.png", "top_kernels.png", "top_cpu_ops.png", "collective_skew.png",
-               "critical_path.png")
+               "critical_path.png", "step_timeline.png", "step_timeline.json")
 BREAKDOWN_PARTS = (  # (summary key, label, colour): they add up to the step's duration
     ("compute_ns", "compute", colour("compute")),
     ("exposed_comm_ns", "exposed comm", colour("exposed_comm")),
@@ -563,6 +565,7 @@ def make_report(con: duckdb.DuckDBPyConnection, job: str, out_dir: Path | str,
         if cp_path is not None:
             charts["critical_path"] = "critical_path.png"
             chart_critical_path(cp_path, job, out / charts["critical_path"])
+        summary["step_timeline"] = step_timeline(con, job, cp_path, out, charts)
     sections = _sections(summary, charts, store)
     title = f"tracetool report: job {job}"
     (out / "report.md").write_text(_markdown(title, sections), encoding="utf-8")
@@ -570,6 +573,27 @@ def make_report(con: duckdb.DuckDBPyConnection, job: str, out_dir: Path | str,
     summary["files"] = {**{k: str(out / v) for k, v in charts.items()},
                         "markdown": str(out / "report.md"), "html": str(out / "report.html")}
     return Report(summary, sections, out)
+
+
+def step_timeline(con: duckdb.DuckDBPyConnection, job: str,
+                  cp_path: duckdb.DuckDBPyRelation | None, out: Path,
+                  charts: dict[str, str]) -> dict[str, Any] | None:
+    """The step timeline picture and its Perfetto trace (``step_timeline.py``), or None
+    for a job without a complete step."""
+    choice = choose_step(con, job, cp_path)
+    if choice is None:
+        return None
+    charts["step_timeline"] = "step_timeline.png"
+    chart_step_timeline(con, job, choice, cp_path, out / charts["step_timeline"])
+    info = {"step": choice.step, "ranks": choice.ranks, "slowest_because": choice.why,
+            "start_ns": choice.start_ns, "end_ns": choice.end_ns, "perfetto": None}
+    if cp_path is not None:
+        rel = cp_path.filter(f"step = {choice.step}")
+        segs = [dict(zip(rel.columns, r, strict=True)) for r in rel.fetchall()]
+        if segs:
+            write_path_trace(con, job, segs, out / "step_timeline.json", choice.ranks)
+            info["perfetto"] = "step_timeline.json"
+    return info
 
 
 def _summary_charts(con: duckdb.DuckDBPyConnection, job: str, summary: dict[str, Any],
@@ -688,6 +712,20 @@ def _sections(s: dict[str, Any], charts: dict[str, str], store: Path | str | Non
     out.append(coll)
 
     cp = s["critical_path"]
+    st = s.get("step_timeline")
+    if st:
+        tl = Section(f"Step timeline (job step {st['step']})", image=charts.get("step_timeline"))
+        tl.lines.append(
+            f"Job step {st['step']}, the complete step of median duration, on "
+            + " and ".join(f"rank {r}" for r in st["ranks"])
+            + (f" (the slowest: {st['slowest_because']})" if len(st["ranks"]) > 1 else "")
+            + ": every CPU thread and GPU stream as a lane, GPU ops coloured by kernel "
+              "category, CPU ops (two levels of nesting) in brown, the critical path as a "
+              "black line along the lanes it ran on.")
+        if st["perfetto"]:
+            tl.lines.append(f"The same window as a trace for Perfetto (ui.perfetto.dev, Open "
+                            f"trace file): {st['perfetto']}, with the critical path as its "
+                            "own track.")
     crit = Section("Critical path", image=charts.get("critical_path"))
     if cp["available"]:
         crit.lines.append(f"{cp['segments']} segments, {_ms(cp['dur_ns'])} ms in all.")
@@ -697,6 +735,8 @@ def _sections(s: dict[str, Any], charts: dict[str, str], store: Path | str | Non
     else:
         crit.lines.append(f"Critical path chart unavailable: {cp['reason']}.")
     out.append(crit)
+    if st:
+        out.append(tl)
     return out
 
 
@@ -744,20 +784,26 @@ def _markdown(title: str, sections: list[Section]) -> str:
 
 def _html(title: str, sections: list[Section]) -> str:
     e = html.escape
+    # one file beside its PNGs; no script, no external resource; fits a laptop screen
+    # (tables scroll inside their box rather than widening the page)
     out = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
+           '<meta name="viewport" content="width=device-width, initial-scale=1">',
            f"<title>{e(title)}</title>",
-           "<style>body{font-family:sans-serif;max-width:1200px;margin:2em auto;}"
+           "<style>body{font-family:sans-serif;max-width:1200px;margin:2em auto;"
+           "padding:0 1em;}.t{overflow-x:auto;}"
            "table{border-collapse:collapse;margin:1em 0;font-size:90%;}"
            "td,th{border:1px solid #ccc;padding:2px 8px;}td{text-align:right;}"
-           "td:last-child{text-align:left;}img{max-width:100%;}</style></head><body>",
+           "td:last-child{text-align:left;word-break:break-all;}img{max-width:100%;}"
+           "</style></head><body>",
            f"<h1>{e(title)}</h1>"]
     for s in sections:
         out.append(f"<h2>{e(s.title)}</h2>")
         out += [f"<p>{e(line)}</p>" for line in s.lines]
         for headers, body in s.tables:
-            out.append("<table><tr>" + "".join(f"<th>{e(h)}</th>" for h in headers) + "</tr>")
+            out.append('<div class="t"><table><tr>'
+                       + "".join(f"<th>{e(h)}</th>" for h in headers) + "</tr>")
             out += ["<tr>" + "".join(f"<td>{e(c)}</td>" for c in r) + "</tr>" for r in body]
-            out.append("</table>")
+            out.append("</table></div>")
         if s.image:
             out.append(f'<p><img src="{e(s.image)}" alt="{e(s.title)}"></p>')
     out.append("</body></html>")

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 import tracetool
-from tracetool.analysis.critical_path import critical_path_summary
+from tracetool.analysis.critical_path import critical_path, critical_path_summary
 from tracetool.ingest.pipeline import Options, ingest
 
 from ._util import SAMPLES, SHARED_TRACES, run
@@ -160,3 +160,32 @@ def test_a_big_sweep_is_curves_and_facets_not_36_bars(tmp_path: Path) -> None:
     small = sweep(r, base, ["inter_node_bw=200Mbit/s,500Mbit/s,1Gbit/s,2Gbit/s"])
     bars = plot_sweep(small, "inter_node_bw", tmp_path / "small.png")
     assert len(bars.axes[0].patches) >= 4 and not any(ax.get_title() for ax in bars.axes)
+
+
+@pytest.mark.skipif(not DLRM.is_dir(), reason=f"corpus not found: {DLRM}")
+def test_the_report_shows_a_step_timeline_of_the_median_step(tmp_path: Path) -> None:
+    """The step is the complete job step of median duration; the ranks are the lowest and
+    the one holding most of that step's critical path; the Perfetto file beside the picture
+    holds those ranks' events of the step (and the ranks the path visits) and the path."""
+    store = tmp_path / "store"
+    ingest([DLRM], Options(store, job="dlrm"))
+    code, stdout, err = run("report", store, "--out", tmp_path / "r", "--json")
+    assert code == 0, err
+    st = json.loads(stdout)["step_timeline"]
+    con = tracetool.connect(store)
+    durs = sorted(con.execute("SELECT dur_ns, step FROM job_steps WHERE job = 'dlrm' AND "
+                              "complete").fetchall())
+    assert st["step"] == durs[(len(durs) - 1) // 2][1]
+    critical_path(con, "dlrm")  # the same path, computed here
+    held = con.execute(
+        """SELECT rank FROM critical_path WHERE job = 'dlrm' AND step = ? AND rank IS NOT NULL
+           GROUP BY rank ORDER BY sum(dur_ns) DESC, rank LIMIT 1""", [st["step"]]).fetchall()
+    assert st["ranks"] == [0, held[0][0]] and held[0][0] != 0
+    trace = json.loads((tmp_path / "r" / "step_timeline.json").read_text())["traceEvents"]
+    pids = {e["pid"] for e in trace if e["ph"] == "X" and e.get("cat") != "critical_path"}
+    path_ranks = {e["pid"] for e in trace if e.get("cat") == "critical_path"}
+    assert pids == set(st["ranks"]) | path_ranks and len(pids) < 8
+    assert (tmp_path / "r" / "step_timeline.png").stat().st_size > 10_000
+    md = (tmp_path / "r" / "report.md").read_text()
+    assert f"## Step timeline (job step {st['step']})" in md
+    assert r"step\_timeline.json" in md  # Markdown-escaped
