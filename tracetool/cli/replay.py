@@ -162,7 +162,6 @@ def replay_command(store: Path, job: str | None, source_gpu: str | None,
         windows = windows_of(annotation, instance, window)
         con, job = open_job(store, job)
         use_windows(con, job, windows)
-        warn_collectives(con, job)
         replayer = Replayer.from_store(con, job)
         sc = base_scenario(replayer, source_gpu, source_network, speedups, gpu_clock,
                            power_cap)
@@ -183,6 +182,8 @@ def replay_command(store: Path, job: str | None, source_gpu: str | None,
             label.append(f"dp_scale={dp_scale}")
         label += [f"speedup {s}" for s in speedups]
         sc = replace(sc, label=", ".join(label) or "identity")
+        model.check_scenario(replayer.graph, sc)  # a bad what-if: one line, before warnings
+        warn_collectives(con, job)  # how well the collectives matched: the replay rests on it
         result = replayer.run(sc, include_incomplete=include_incomplete)
         if step is not None:
             result.steps = [s for s in result.steps if s.step == step]

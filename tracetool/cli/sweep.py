@@ -64,12 +64,12 @@ def sweep_command(store: Path, job: str | None, source_gpu: str | None,
         windows = windows_of(annotation, instance, window)
         con, job = open_job(store, job)
         use_windows(con, job, windows)
-        warn_collectives(con, job)
         replayer = Replayer.from_store(con, job)
         base = base_scenario(replayer, source_gpu, source_network, speedups, gpu_clock,
                              power_cap)
         rows = sweep(replayer, base, list(axes), gpu_list or None, scales,
                      include_incomplete=include_incomplete)
+        warn_collectives(con, job)  # after the what-ifs were checked: a bad one is one line
         con.close()
         out.mkdir(parents=True, exist_ok=True)
         table, png = out / "sweep.csv", out / "sweep.png"
