@@ -36,6 +36,20 @@ def _norm(name: str) -> str:
     return re.sub(r"[^a-z]", "", name.lower())
 
 
+# the collective a c10d op or gloo span name does, in the order analysis/sql/40_collectives.sql
+# collective_kind tests them (allreduce before reduce, allgather before gather): what pairs a
+# c10d::alltoall_base_ call with its gloo:all_to_all span (tests/test_collective_matching.py
+# checks that both agree on every name of the corpus)
+KIND_WORDS = ("allreduce", "allgather", "reducescatter", "alltoall", "broadcast", "barrier",
+              "gather", "scatter", "reduce", "send", "recv")
+
+
+def kind_key(name: str) -> str:
+    """The collective a call or span name does (``_norm`` of it when it names none)."""
+    n = _norm(name)
+    return next((w for w in KIND_WORDS if w in n), n)
+
+
 def _args(text: str | None) -> dict:
     """A stored args object: msgspec decodes it 2.9x faster than json.loads (24k
     record_param_comms rows of the 1 GB benchmark: 0.04 against 0.12 s); json.loads takes
@@ -160,13 +174,13 @@ def build(con: duckdb.DuckDBPyConnection, out: Path, pg_ranks: dict[str, list[in
                                WHERE name LIKE 'gloo:%' ORDER BY ts_ns, eid""")
         by_kind: dict[str, list[dict]] = {}
         for s in spans:
-            by_kind.setdefault(_norm(s["name"].split(":", 1)[1]), []).append(s)
+            by_kind.setdefault(kind_key(s["name"].split(":", 1)[1]), []).append(s)
         seen: dict[str, int] = {}
         for o in ops:
             coll = o["name"].split("::", 1)[1].rstrip("_")
             if coll in NOT_COLLECTIVES:
                 continue
-            key = _norm(coll)
+            key = kind_key(coll)
             i = seen.get(key, 0)
             seen[key] = i + 1
             cands = by_kind.get(key, [])

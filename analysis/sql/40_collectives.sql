@@ -73,9 +73,16 @@ CREATE OR REPLACE MACRO _collective_same_call(a, b) AS
 -- absolute deviation of d over all pairs, a disagreeing pair counting as infinitely far (so
 -- a shift under which many signatures disagree cannot win). A shift is plausible with at
 -- least 2 pairs, at least half as many as the shorter sequence (at most 128) and a
--- majority of agreeing pairs; the one with the smallest spread wins (then the most
--- agreeing pairs, then the smallest |s|). The constant part of d is the clock offset, so
--- clocks need not be aligned first. A rank with no plausible shift is matched by call order.
+-- majority of agreeing pairs. The constant part of d (its median) is the clock offset that
+-- the shift implies, so clocks need not be aligned first. Among the plausible shifts whose
+-- spread is within 3x the smallest (the end times cannot tell them apart: calls that repeat
+-- every step or every bucket fit a shift of whole periods almost as well), the one implying
+-- the smallest clock offset wins (then the smaller spread, the most agreeing pairs, the
+-- smallest |s|): clocks of one host agree, and NTP keeps hosts within milliseconds, while a
+-- wrong shift of whole periods implies an offset of whole periods. Its margin is the next
+-- best shift's spread / max(spread, 1 us), counting only rivals whose offset is within
+-- SKEW (10 ms) of the chosen one's: a rival that needs clocks 300 ms apart is no rival.
+-- A rank with no plausible shift is matched by call order.
 CREATE OR REPLACE VIEW collective_ranks AS
 WITH c0 AS MATERIALIZED (  -- every call, narrowed to what matching needs
     SELECT job, rank, coalesce(pg_name, '?') AS pg_key, call_index, seq, end_ns,
@@ -118,24 +125,34 @@ pairs AS (
 score AS (
     SELECT job, pg_key, rank, shift, count(*) FILTER (agree) AS n_agree,
            -- a disagreeing pair is an outlier: 4e18 ns away from every real difference
-           mad(CASE WHEN agree THEN d ELSE 4000000000000000000 END)::BIGINT AS mad_ns
+           mad(CASE WHEN agree THEN d ELSE 4000000000000000000 END)::BIGINT AS mad_ns,
+           median(d) FILTER (agree)::BIGINT AS offset_ns
     FROM pairs GROUP BY ALL
     HAVING count(*) >= greatest(2, any_value(n_max) // 2)
        AND 2 * count(*) FILTER (agree) > count(*)),
-ranked AS (
-    SELECT job, pg_key, rank, shift,
-           CASE WHEN mad_ns < 1000000000000000000 THEN mad_ns END AS spread_ns,
-           row_number() OVER (PARTITION BY job, pg_key, rank
-                              ORDER BY spread_ns NULLS LAST, n_agree DESC, abs(shift),
-                                       shift) AS pos
+spread AS (
+    SELECT *, CASE WHEN mad_ns < 1000000000000000000 THEN mad_ns END AS spread_ns
     FROM score),
+near AS (  -- close: the end times cannot tell this shift from the best one
+    SELECT *, coalesce(spread_ns <= 3 * greatest(min(spread_ns) OVER (
+                  PARTITION BY job, pg_key, rank), 1000), FALSE) AS close
+    FROM spread),
+ranked AS (
+    SELECT *,
+           row_number() OVER (PARTITION BY job, pg_key, rank
+                              ORDER BY close DESC, CASE WHEN close THEN abs(offset_ns) END,
+                                       spread_ns NULLS LAST, n_agree DESC, abs(shift),
+                                       shift) AS pos
+    FROM near),
 shifts AS (  -- the chosen shift of each rank that has a plausible one
     SELECT b.job, b.pg_key, b.rank, b.shift, b.spread_ns,
-           u.spread_ns / greatest(b.spread_ns, 1000) AS margin
+           min(u.spread_ns) / greatest(b.spread_ns, 1000) AS margin
     FROM ranked b
     LEFT JOIN ranked u ON u.job = b.job AND u.pg_key = b.pg_key AND u.rank = b.rank
-                      AND u.pos = 2 AND u.spread_ns IS NOT NULL
-    WHERE b.pos = 1 AND b.spread_ns IS NOT NULL),
+                      AND u.pos > 1 AND u.spread_ns IS NOT NULL
+                      AND abs(u.offset_ns - b.offset_ns) <= 10000000  -- SKEW: 10 ms
+    WHERE b.pos = 1 AND b.spread_ns IS NOT NULL
+    GROUP BY b.job, b.pg_key, b.rank, b.shift, b.spread_ns),
 r AS (  -- each rank of each group: its shift, and what makes its calls uncertain
     SELECT g.*, CASE WHEN g.by_seq THEN 0 ELSE coalesce(s.shift, 0) END AS match_shift,
            s.spread_ns, s.margin,
