@@ -30,7 +30,7 @@ Arrays are in topological order (``order``), with in-edges as CSR (``indptr``, `
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import duckdb
 import numpy as np
@@ -87,6 +87,9 @@ class ReplayGraph:
     breakdown: dict  # slot, what (CLASSES index): breakdown_events of the GPU/CPU work
     ranks: np.ndarray  # ranks of the job
     devices: list[str]  # deviceProperties names of the job
+    # job step -> elements of the gradients autograd accumulated in it (the model's
+    # parameters, from AccumulateGrad's Input Dims; empty without record_shapes)
+    grad_numel: dict[int, int] = field(default_factory=dict)
 
     @property
     def n_nodes(self) -> int:
@@ -125,10 +128,21 @@ _INSTANCES_SQL = """
 SELECT c.rank, c.instance, coalesce(c.kernel_eid, c.gloo_eid) AS x_eid, c.collective,
        c.kind, c.pg_desc, c.group_size,
        CASE WHEN coalesce(c.group_ranks_truncated, FALSE) THEN NULL ELSE c.group_ranks END
-           AS group_ranks, c.bytes
+           AS group_ranks, c.bytes, c.step, c.elem_bytes
 FROM collective_ranks c JOIN cp_nodes n ON n.job = c.job AND n.rank = c.rank
  AND n.eid = coalesce(c.kernel_eid, c.gloo_eid)
 WHERE c.job = ? AND c.instance IS NOT NULL"""
+
+# the parameters whose gradient autograd accumulated in each step, on the lowest rank that
+# records their shapes (record_shapes): one AccumulateGrad per parameter and backward pass
+_GRADS_SQL = """
+WITH g AS (
+    SELECT e.rank, s.step, coalesce(e.args->>'Input Dims', e.args->>'Input dims') AS dims
+    FROM events e JOIN steps s ON s.job = e.job AND s.rank = e.rank
+     AND e.ts_ns >= s.start_ns AND e.ts_ns < s.end_ns
+    WHERE e.job = ? AND e.name = 'torch::autograd::AccumulateGrad')
+SELECT step, dims FROM g WHERE dims IS NOT NULL
+ AND rank = (SELECT min(rank) FROM g WHERE dims IS NOT NULL)"""
 
 
 def build_graph(con: duckdb.DuckDBPyConnection, job: str) -> ReplayGraph:
@@ -288,9 +302,7 @@ def build_graph(con: duckdb.DuckDBPyConnection, job: str) -> ReplayGraph:
         "dims": dims, "types": types,
         "dur": t0[2 * op_slot + 1] - t0[2 * op_slot],
     }
-    x_dur = t0[2 * x_slot + 1] - t0[2 * x_slot]
-    transfer = np.full(n_inst, np.inf)
-    np.minimum.at(transfer, inst_idx, x_dur)
+    transfer = _transfer_ns(t0[2 * x_slot + 1] - t0[2 * x_slot], inst_idx, n_inst)
     first = np.full(n_inst, -1, dtype=np.int64)
     first[inst_idx[::-1]] = np.arange(len(inst_idx))[::-1]
     members: list[list[int]] = [[] for _ in range(n_inst)]
@@ -318,6 +330,10 @@ def build_graph(con: duckdb.DuckDBPyConnection, job: str) -> ReplayGraph:
         "group_ranks": group_ranks,
         "transfer_ns": transfer,
         "n_ranks": np.bincount(inst_idx, minlength=n_inst),
+        "step": np.array([-1 if s is None else int(s) for s in ci["step"][first]],
+                         dtype=np.int64),  # the step of the call on its first rank
+        "elem_bytes": np.array([np.nan if b is None else float(b)
+                                for b in ci["elem_bytes"][first]]),
     }
     devices = [d for (d,) in con.execute(
         "SELECT DISTINCT unnest(device_names) FROM trace_files WHERE job = ? ORDER BY 1",
@@ -330,7 +346,37 @@ def build_graph(con: duckdb.DuckDBPyConnection, job: str) -> ReplayGraph:
         cls=cls, parent=per_slot(parent, -1, np.int64),
         is_gpu=per_slot(ev["is_gpu"], False, bool), n_event_slots=n_ev_slots,
         ops=op_info, insts=insts, steps=steps, step_complete=complete,
-        rank_steps=rank_steps, breakdown=breakdown, ranks=ranks, devices=devices)
+        rank_steps=rank_steps, breakdown=breakdown, ranks=ranks, devices=devices,
+        grad_numel=_grad_numel(con, job))
+
+
+def _transfer_ns(x_dur: np.ndarray, inst_idx: np.ndarray, n_inst: int) -> np.ndarray:
+    """Per instance, the transfer without the waiting: the shortest of its ranks' own times
+    in the collective (kernel or gloo span), i.e. the last arrival's. A collective ends
+    together on every rank, so a rank that arrived earlier spent the difference waiting for
+    the last; the last one's time is end minus last arrival, measured on one rank's clock
+    (no clock offset enters it, where end and arrival on two ranks' aligned clocks would
+    carry the offsets' error: up to 0.9 ms on the 2021 BERT pair). It never exceeds any
+    rank's own time, so a transfer's duration edge never binds in the identity replay, and
+    it is what sizes a collective the trace does not (``model.effective_bytes``). When a
+    group's ranks are not all traced the shortest traced one may still include waiting."""
+    transfer = np.full(n_inst, np.inf)
+    np.minimum.at(transfer, inst_idx, x_dur)
+    return transfer
+
+
+def _grad_numel(con: duckdb.DuckDBPyConnection, job: str) -> dict[int, int]:
+    """ReplayGraph.grad_numel: per step, the elements of the gradients accumulated (the sum
+    over AccumulateGrad calls of their gradient's shape, the first Input Dims entry)."""
+    out: dict[int, int] = {}
+    for step, dims in con.execute(_GRADS_SQL, [job]).fetchall():
+        try:
+            shape = json.loads(dims)[0]
+            n = int(np.prod([int(d) for d in shape]))
+        except (ValueError, TypeError, IndexError):
+            continue
+        out[int(step)] = out.get(int(step), 0) + n
+    return out
 
 
 def _rank_steps(con: duckdb.DuckDBPyConnection, job: str, steps: np.ndarray, slot_of: Slots,

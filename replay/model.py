@@ -6,12 +6,14 @@ latencies and the program's structure stay as measured):
 - GPU op durations: ``--gpu`` (roofline from op shapes, else class ratio; ``compute.py``) and
   ``--speedup`` overrides;
 - collective transfers: ``--network`` / ``--dp-scale`` re-cost each collective instance with the
-  NCCL-style model (``network.py``) and scale its measured transfer by
-  ``cost(target) / cost(source)``, so the source's measured efficiency is kept and the identity
-  projection is exact. The source network is ``--source-network``, else the default of the
+  network model (``network.py``: NCCL's steps for a GPU job, gloo over TCP for a CPU job) and
+  scale the bandwidth-bound part of its measured transfer by the model's ratio, replacing the
+  latency part (``transfer_factor``), so the source's measured efficiency is kept and the
+  identity projection is exact. The source network is ``--source-network``, else the default of the
   source GPU (8 per node on its scale-up links, one NIC per GPU); CPU (gloo) traces must give
   it. A collective whose size the trace does not say (2021 traces) gets the size at which the
-  source model reproduces its measured transfer;
+  source model reproduces its transfer time, the source's bandwidth calibrated on the
+  gradients' bytes where the trace shows them (``unknown_size_networks``);
 - ``--dp-scale K``: data-parallel groups (the group spans the whole job, or its description
   says dp / data / default_pg) have K times the ranks, placed like the traced ones; per-rank
   compute is unchanged;
@@ -24,15 +26,16 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from .clocks import PowerCap, at_clock, scenario_clock
 from .compute import COMPUTE_BOUND, DTYPE_OF, Speedup, WhatIfError, op_work, roofline_s
 from .graph import COMM_DURATION, OP_DURATION, TRANSFER, ReplayGraph, parse_shapes
 from .hardware import Gpu, catalog, describe_catalog, find_gpu, lookup_gpu
-from .network import Network, collective_time, default_network
+from .network import KINDS, Network, added_latency, collective_time, default_network
 
 _DP_DESC = re.compile(r"(^|[^a-z])dp([^a-z]|$)|data|default_pg", re.IGNORECASE)
 
@@ -266,31 +269,121 @@ def _scaled(ranks: list[int], k: int, world: int) -> list[int]:
     return [r + world * j for j in range(k) for r in ranks]
 
 
-def effective_bytes(net: Network, kind: str, ranks: list[int], seconds: float) -> float:
-    """The message size at which ``net`` prices a collective at ``seconds`` (bisection on a
-    log scale; the model is monotonic in size)."""
+def effective_bytes(net: Network, kind: str, ranks: list[int], seconds: float,
+                    backend: str = "nccl", sharing: float = 1.0) -> float:
+    """The message size at which ``net`` prices a collective at ``seconds``, its transfer
+    time without the waiting (``graph._transfer_ns``), priced the way the projection prices
+    it (``backend``, ``sharing``): bisection on a log scale, the model being monotonic in
+    size. It is proportional to the bandwidth ``net`` assumes (``unknown_size_networks``)."""
+    def t(nbytes: float) -> float:
+        return collective_time(net, kind, nbytes, ranks, backend, sharing=sharing)
+
     lo, hi = 1.0, 1e13
-    if collective_time(net, kind, lo, ranks) >= seconds:
+    if t(lo) >= seconds:
         return lo
     for _ in range(60):
         mid = math.sqrt(lo * hi)
-        if collective_time(net, kind, mid, ranks) < seconds:
+        if t(mid) < seconds:
             lo = mid
         else:
             hi = mid
     return math.sqrt(lo * hi)
 
 
+def _unsized(graph: ReplayGraph) -> np.ndarray:
+    """Per instance: a priced collective across ranks whose size the trace does not say."""
+    insts = graph.insts
+    return np.array([len(g) >= 2 and not b > 0 and kind in KINDS for g, b, kind in zip(
+        insts["group_ranks"], insts["bytes"], insts["kind"], strict=True)], dtype=bool)
+
+
+def _bandwidth_scaled(net: Network, lam: float) -> Network:
+    return replace(net, intra_node_bw=net.intra_node_bw * lam,
+                   inter_node_bw=net.inter_node_bw * lam,
+                   dc_bw=None if net.dc_bw is None else net.dc_bw * lam)
+
+
+def gradient_bandwidth_scale(graph: ReplayGraph, net: Network
+                             ) -> tuple[float, int, float] | None:
+    """(lam, steps, bytes): the factor on ``net``'s bandwidths at which the unsized
+    allreduces of the steps whose gradients the trace shows (``ReplayGraph.grad_numel``)
+    solve to those gradients' bytes; None if there are none.
+
+    Why: a size solved from a transfer time is proportional to the bandwidth assumed (on
+    the bandwidth-bound part of the curve), so a source network faster than the one the trace
+    ran on gives sizes, and projections, too large by that factor (the 2021 BERT DDP pair ran
+    its allreduces at ~0.5 GB/s, and a V100's default NVLink node solves 6 GB per 25 MB
+    bucket). DDP allreduces every gradient once per backward pass, so a step's gradient
+    allreduces carry its parameters' bytes: that fixes the one unknown, the bandwidth."""
+    insts = graph.insts
+    steps = graph.grad_numel
+    sel = [i for i in np.flatnonzero(_unsized(graph))
+           if insts["kind"][i] == "allreduce" and int(insts["step"][i]) in steps]
+    if not sel:
+        return None
+    used = {int(insts["step"][i]) for i in sel}
+    longest = max(sel, key=lambda i: insts["transfer_ns"][i])
+    elem = insts["elem_bytes"][longest]
+    target = sum(steps[s] for s in used) * (elem if elem > 0 else 4.0)
+    lam = 1.0
+    for _ in range(30):  # fixed point: bandwidth-bound sizes scale with lam
+        got = sum(effective_bytes(_bandwidth_scaled(net, lam), "allreduce",
+                                  insts["group_ranks"][i], insts["transfer_ns"][i] * 1e-9)
+                  for i in sel)
+        if abs(got / target - 1) < 1e-3:
+            return lam, len(used), target
+        lam *= target / got
+        if not 1e-6 <= lam <= 1e6:
+            return None
+    return None
+
+
+def unknown_size_networks(graph: ReplayGraph, scenario: Scenario, src: Network,
+                          dst: Network) -> tuple[Network, Network, list[str]]:
+    """The (source, target) networks that price a job none of whose collectives records
+    its size (traces before ~2022), and what a projection then rests on, as notes.
+
+    When the trace shows its gradients' shapes, a default source network's bandwidths are
+    scaled so that the solved sizes carry them (``gradient_bandwidth_scale``), and so is a
+    target that is a default too (``--gpu`` without ``--network``: the trace's network, on
+    the target GPU's links); a ``--network`` is taken as given. A given ``--source-network``
+    is kept, with a note when the gradients disagree with it."""
+    unsized = _unsized(graph)
+    if not unsized.any() or (graph.insts["bytes"] > 0).any():
+        return src, dst, []
+    # NCCL jobs only: a CPU job's (gloo) source network is given, not a default
+    fit = gradient_bandwidth_scale(graph, src) if len(graph.ops["dur"]) else None
+    if fit is None:
+        hint = ("" if scenario.source_network is not None else " (give --source-network; "
+                "with record_shapes the gradients' shapes calibrate it)")
+        return src, dst, ["these sizes assume the collectives ran at the source network's "
+                          "full speed: on a slower network the sizes, and the projection, "
+                          f"come out too large{hint}"]
+    lam, n_steps, nbytes = fit
+    what = (f"the unsized allreduces of {n_steps} step(s) carry their gradients' "
+            f"{nbytes / n_steps / 1e6:.1f} MB per step (AccumulateGrad shapes) at {lam:.3g}x "
+            "the source network's bandwidth")
+    if scenario.source_network is not None:
+        return src, dst, ([f"{what}: the sizes and projection rest on the given source "
+                           "network instead"] if not 0.5 <= lam <= 2 else [])
+    dst = dst if scenario.network is not None else _bandwidth_scaled(dst, lam)
+    return _bandwidth_scaled(src, lam), dst, [
+        f"{what}: the default source network was scaled by that"
+        + ("" if scenario.network is not None else ", and so was the target's")]
+
+
 def collective_factors(graph: ReplayGraph, scenario: Scenario
-                       ) -> tuple[np.ndarray, np.ndarray, list[str]]:
-    """Per collective instance: projected transfer / measured transfer, and its model time on
-    the source network in ns (NaN where unpriced)."""
+                       ) -> tuple[np.ndarray, np.ndarray, list[str], np.ndarray]:
+    """Per collective instance: projected transfer / measured transfer, its model time on
+    the source network in ns (NaN where unpriced), notes, and its model costs (n x 4: time
+    and added latency on the source, then on the target, s; zeros where unpriced) for
+    ``transfer_factor``."""
     insts = graph.insts
     n = len(insts["transfer_ns"])
-    k, model_ns = np.ones(n), np.full(n, np.nan)
+    k, model_ns, costs = np.ones(n), np.full(n, np.nan), np.zeros((n, 4))
     notes: list[str] = []
     if not scenario.changes_network and scenario.gpu is None:
-        return k, model_ns, notes
+        return k, model_ns, notes, costs
     src = source_network(graph, scenario)
     dst = target_network(graph, scenario)
     if src is None or dst is None:
@@ -298,10 +391,14 @@ def collective_factors(graph: ReplayGraph, scenario: Scenario
             raise ValueError("the trace names no GPU of the catalog, so its network is "
                              "unknown: give --source-network (e.g. gpus_per_node=1,"
                              "inter_node_bw=1Gbit/s)")
-        return k, model_ns, notes
+        return k, model_ns, notes, costs
     dp = _dp_groups(graph) if scenario.dp_scale != 1 else np.zeros(n, dtype=bool)
     world = max([len(graph.ranks)] + [max(g) + 1 for g in insts["group_ranks"] if g])
-    cache: dict[tuple, float] = {}
+    src, dst, size_notes = unknown_size_networks(graph, scenario, src, dst)
+    cache: dict[tuple, tuple[float, float, float, float]] = {}
+    backend = "nccl" if len(graph.ops["dur"]) else "gloo"  # a CPU job's collectives: gloo
+    sharing = 1 + overlap_share(graph)
+    idle = idle_before(graph) if backend == "gloo" else np.zeros(n)
     guessed = 0
     for i in range(n):
         ranks = insts["group_ranks"][i]
@@ -311,22 +408,104 @@ def collective_factors(graph: ReplayGraph, scenario: Scenario
         measured_s = insts["transfer_ns"][i] * 1e-9
         nbytes = insts["bytes"][i]
         if not nbytes > 0:
-            nbytes = effective_bytes(src, kind, ranks, measured_s)
+            if kind not in KINDS:
+                continue  # not priced: keeps its measured transfer
+            nbytes = effective_bytes(src, kind, ranks, measured_s, backend,
+                                     round(sharing[i], 2))
             guessed += 1
-        key = (kind, float(nbytes), tuple(ranks), bool(dp[i]))
+        key = (kind, float(nbytes), tuple(ranks), bool(dp[i]), round(sharing[i], 2),
+               round(idle[i], 3))
         if key not in cache:
-            try:
-                c_src = collective_time(src, kind, nbytes, ranks)
-                dst_ranks = _scaled(ranks, scenario.dp_scale, world) if dp[i] else ranks
-                c_dst = collective_time(dst, kind, nbytes, dst_ranks)
-            except ValueError:
-                c_src = c_dst = 0.0
-            cache[key] = (c_dst / c_src, c_src * 1e9) if c_src > 0 else (1.0, math.nan)
-        k[i], model_ns[i] = cache[key]
+            dst_ranks = _scaled(ranks, scenario.dp_scale, world) if dp[i] else ranks
+            cache[key] = _costs(src, dst, kind, nbytes, ranks, dst_ranks, backend, *key[-2:])
+        costs[i] = cache[key]
+    k = transfer_factor(insts["transfer_ns"] * 1e-9, *costs.T)
+    model_ns = np.where(costs[:, 0] > 0, costs[:, 0] * 1e9, np.nan)
     if guessed:
         notes.append(f"{guessed} collectives without a recorded size: sized from their "
-                     "measured transfer under the source network")
-    return k, model_ns, notes
+                     "transfer time (the last arrival's time in them, without the waiting) "
+                     "under the source network")
+        notes += size_notes
+    return k, model_ns, notes, costs
+
+
+def _comm_spans(graph: ReplayGraph) -> tuple[np.ndarray, ...]:
+    """(rank, instance, start, end) of every rank's part in every collective instance."""
+    own = np.flatnonzero(graph.role == COMM_DURATION)
+    end = np.searchsorted(graph.indptr, own, side="right") - 1  # the edge's target node
+    return graph.rank[end >> 1], graph.inst[own], graph.t0[graph.src[own]], graph.t0[end]
+
+
+def overlap_share(graph: ReplayGraph) -> np.ndarray:
+    """Per collective instance: the share of its span (mean over its ranks) during which
+    another collective of the same rank was in flight: gloo runs two at once (two runloop
+    threads), and they share the connections."""
+    n = len(graph.insts["transfer_ns"])
+    rank, inst, t0, t1 = _comm_spans(graph)
+    share, count = np.zeros(n), np.zeros(n)
+    for r in np.unique(rank):
+        sel = np.flatnonzero(rank == r)
+        a, b = t0[sel], t1[sel]
+        for j, x in enumerate(sel):
+            span = b[j] - a[j]
+            if span <= 0:
+                continue
+            cover = np.clip(np.minimum(b, b[j]) - np.maximum(a, a[j]), 0, None)
+            cover[j] = 0
+            share[inst[x]] += min(cover.sum() / span, 1.0)
+            count[inst[x]] += 1
+    return np.divide(share, count, out=np.zeros(n), where=count > 0)
+
+
+def idle_before(graph: ReplayGraph) -> np.ndarray:
+    """Per collective instance: seconds since its ranks' previous collective ended (the
+    shortest over its ranks; 0 for a rank's first one in the trace, whose past is unknown),
+    for TCP's slow start after idle."""
+    n = len(graph.insts["transfer_ns"])
+    rank, inst, t0, t1 = _comm_spans(graph)
+    idle = np.full(n, np.inf)
+    for r in np.unique(rank):
+        sel = np.flatnonzero(rank == r)
+        sel = sel[np.argsort(t0[sel], kind="stable")]
+        last = np.maximum.accumulate(t1[sel])
+        gap = np.concatenate([[0.0], np.maximum(t0[sel][1:] - last[:-1], 0.0)])
+        np.minimum.at(idle, inst[sel], gap * 1e-9)
+    return np.where(np.isfinite(idle), idle, 0.0)
+
+
+def _costs(src: Network, dst: Network, kind: str, nbytes: float, ranks: list[int],
+           dst_ranks: list[int], backend: str, sharing: float, idle_s: float
+           ) -> tuple[float, float, float, float]:
+    """(time, added latency) of a collective on the source, then on the target network."""
+    try:
+        return (collective_time(src, kind, nbytes, ranks, backend, idle_s, sharing),
+                added_latency(src, kind, nbytes, ranks, backend, idle_s, sharing),
+                collective_time(dst, kind, nbytes, dst_ranks, backend, idle_s, sharing),
+                added_latency(dst, kind, nbytes, dst_ranks, backend, idle_s, sharing))
+    except ValueError:
+        return 0.0, 0.0, 0.0, 0.0
+
+
+def transfer_factor(measured_s: ArrayLike, c_src: ArrayLike, lat_src: ArrayLike,
+                    c_dst: ArrayLike, lat_dst: ArrayLike) -> np.ndarray:
+    """Projected / measured transfer of a collective whose model time is ``c_src`` (of which
+    ``lat_src`` is added latency) on the source network and ``c_dst`` (``lat_dst``) on the
+    target (scalars or arrays). The measured time beyond the source's latency is the
+    bandwidth-bound part: it scales by the model's bandwidth-bound ratio, so the measured
+    efficiency (link shared with other collectives, protocol overheads) carries over; the
+    latency part is replaced by the target's, since a propagation delay is not slowed by a
+    busy link. Exact for the identity; with no added latency on either side, the plain ratio
+    ``c_dst / c_src``; 1 where unpriced (``c_src`` = 0)."""
+    m, cs, ls, cd, ld = np.broadcast_arrays(*(np.asarray(x, dtype=float) for x in (
+        measured_s, c_src, lat_src, c_dst, lat_dst)))
+    lat_part = np.minimum(m, ls)
+    bw_src, bw_dst = cs - ls, cd - ld
+    ratio = np.divide(bw_dst, bw_src, out=np.ones_like(m), where=bw_src > 0)
+    lat = np.where(ls > 0, lat_part * np.divide(ld, ls, out=np.zeros_like(m), where=ls > 0),
+                   ld)
+    out = np.divide((m - lat_part) * ratio + lat, m, out=np.ones_like(m), where=m > 0)
+    plain = np.divide(cd, cs, out=np.ones_like(m), where=cs > 0)
+    return np.where(cs > 0, np.where(m > 0, out, plain), 1.0)
 
 
 def _scaled_both(measured: np.ndarray, factor: np.ndarray, model_ns: np.ndarray
@@ -350,7 +529,7 @@ def weights(graph: ReplayGraph, scenario: Scenario) -> Weights:
         w[sel], out.w_alt[sel] = _scaled_both(graph.ops["dur"][op], f[op], model_ns[op])
         if dst is not None and scenario.gpu is None:  # the trace's GPU at another clock
             clock_notes += _latency_note(graph, f, model_ns)
-    k, model_ns, notes = collective_factors(graph, scenario)
+    k, model_ns, notes, costs = collective_factors(graph, scenario)
     out.notes = clock_notes + notes
     if (k != 1).any():
         t = graph.insts["transfer_ns"]
@@ -360,7 +539,9 @@ def weights(graph: ReplayGraph, scenario: Scenario) -> Weights:
         xfer = graph.role == TRANSFER
         i = graph.inst[xfer]
         lag = graph.base_w[xfer]  # this rank's end - the last arrival (< 0 only from skew)
-        w[xfer] = np.where(lag > 0, lag * k[i], lag)
+        # each rank's own time after the last arrival, priced like the transfer: its latency
+        # part replaced, the rest scaled (a rank held up by its CPU is not held k times as long)
+        w[xfer] = np.where(lag > 0, lag * transfer_factor(lag * 1e-9, *costs[i].T), lag)
         out.w_alt[xfer] = lag + (alt - t)[i]
     return out
 

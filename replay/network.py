@@ -1,4 +1,5 @@
-"""Network topologies and NCCL-style collective cost (alpha-beta per step).
+"""Network topologies and collective costs: NCCL-style alpha-beta steps here, gloo's
+messages over TCP in ``transport.py`` (``collective_time(..., backend="gloo")``).
 
 A topology is GPUs grouped into nodes, and optionally nodes into datacenters: ranks
 ``[k * gpus_per_node, (k + 1) * gpus_per_node)`` share node k, ranks
@@ -12,6 +13,8 @@ bytes over that link's bandwidth; NCCL picks the cheapest algorithm and protocol
 does too: ring (flat, bottlenecked by the slowest link), hierarchical (reduce-scatter within
 nodes, the collective across nodes on 1/ppn of the data, all-gather within nodes, and the same
 again across datacenters), each with the LL protocol (low latency, half bandwidth) and Simple.
+Latencies (``*_latency``) are one-way and per link for both backends: for NCCL they add to
+every step's constant, for gloo they are the links' propagation (a round trip is twice).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import tomllib
 from dataclasses import dataclass, fields, replace
 
 from .hardware import Gpu
+from .transport import gloo_time
 
 # NCCL constants, us (shared/docs/replay-models.md section 2): base latency and per-step
 # latency by link, for the LL and Simple protocols; LL moves data at half the bandwidth.
@@ -175,17 +179,26 @@ def _hierarchical(net: Network, kind: str, nbytes: float, ranks: list[int], prot
     return _ring(net, "reduce_scatter", nbytes, local, proto) + inner
 
 
-def collective_time(net: Network, kind: str, nbytes: float, ranks: list[int]) -> float:
+def collective_time(net: Network, kind: str, nbytes: float, ranks: list[int],
+                    backend: str = "nccl", idle_s: float = 0.0, sharing: float = 1.0
+                    ) -> float:
     """Seconds for one collective of ``nbytes`` (nccl-tests' S: the reduced buffer, or the
-    gathered output) over global ``ranks``, the cheapest algorithm and protocol.
+    gathered output) over global ``ranks``: for ``backend="nccl"`` the cheapest algorithm and
+    protocol, for ``"gloo"`` gloo's algorithm over TCP (``transport.py``; ``idle_s``: how long
+    the connections were idle before it, for TCP's slow start after idle; ``sharing``: how
+    many collectives were in flight on them at once, whose messages fill each other's waits).
 
     kind: one of KINDS, the names of collective_ranks.kind (analysis/sql/40_collectives.sql
     normalises what PyTorch records); ValueError for any other."""
     if kind not in KINDS:
         raise ValueError(f"unknown collective {kind!r}; priced: {', '.join(KINDS)}")
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown backend {backend!r}; known: {', '.join(BACKENDS)}")
     ranks = sorted(set(ranks))
     if len(ranks) < 2 or nbytes <= 0:
         return 0.0
+    if backend == "gloo":
+        return gloo_time(net, kind, nbytes, ranks, idle_s, sharing)
     if kind in ("send", "recv"):
         a, b = ranks[0], ranks[-1]
         return min(BASE_US[p] * 1e-6 + _steps_time(
@@ -212,6 +225,19 @@ def _all_to_all(net: Network, nbytes: float, ranks: list[int], proto: str) -> fl
             lat, bw = _ll(net.link(level, proto), proto)
             total = max(total, peers * lat + (peers * per_pair / bw if bw != math.inf else 0))
     return total
+
+
+BACKENDS = ("nccl", "gloo")
+
+
+def added_latency(net: Network, kind: str, nbytes: float, ranks: list[int],
+                  backend: str = "nccl", idle_s: float = 0.0, sharing: float = 1.0) -> float:
+    """The part of ``collective_time`` the network's latencies add: the time minus the same
+    collective on the same links with no added latency (``*_latency`` = 0). It does not
+    scale with a measured transfer's efficiency (propagation is physics), the rest does."""
+    flat = replace(net, intra_node_latency=0.0, inter_node_latency=0.0, dc_latency=0.0)
+    return (collective_time(net, kind, nbytes, ranks, backend, idle_s, sharing)
+            - collective_time(flat, kind, nbytes, ranks, backend, idle_s, sharing))
 
 
 # the collective kinds the model prices: collective_ranks.kind values (the SQL macro

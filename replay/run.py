@@ -29,6 +29,7 @@ from tracetool.analysis.critical_path import (
 )
 from tracetool.numbers import round_ns
 
+from .band import bounds, describe, edge_errors
 from .graph import NO_STEP, ReplayGraph, build_graph
 from .model import Scenario, weights
 from .simulate import binding_edges, schedule
@@ -108,13 +109,14 @@ class Replayer:
         wts = weights(g, scenario)
         t = schedule(g.order, g.indptr, g.src, wts.w, g.t0)
         m, p = self.measured, step_windows(g, t)
-        if np.array_equal(wts.w, wts.w_alt):
-            alt = p.job_end - p.job_start
-        else:
-            a = step_windows(g, schedule(g.order, g.indptr, g.src, wts.w_alt, g.t0))
-            alt = a.job_end - a.job_start
+        alts = [p.job_end - p.job_start]  # the step times the band spans
+        if not np.array_equal(wts.w, wts.w_alt):
+            alts.append(self._step_times(wts.w_alt))
+        err, used = edge_errors(g, scenario, wts.w)
+        if used:
+            alts += [self._step_times(w) for w in bounds(wts.w, err)]
         low, high = self._band(np.where(g.step_complete, m.job_end - m.job_start, np.nan),
-                               p.job_end - p.job_start, alt)
+                               p.job_end - p.job_start, np.array(alts))
         path, segments = (self._path(t, wts.w, p.job_start, p.job_end) if critical_path
                           else (None, []))
         if breakdown:
@@ -140,18 +142,25 @@ class Replayer:
                 complete=bool(g.step_complete[i])))
         times = np.round(t).astype(np.int64) + g.origin_ns
         return ReplayResult(job=g.job, scenario=scenario.label, steps=steps, times_ns=times,
-                            notes=wts.notes, path=segments)
+                            notes=wts.notes + describe(used), path=segments)
 
-    def _band(self, measured: np.ndarray, projected: np.ndarray, alt: np.ndarray
+    def _step_times(self, w: np.ndarray) -> np.ndarray:
+        """Projected job step times under edge weights ``w``."""
+        g = self.graph
+        s = step_windows(g, schedule(g.order, g.indptr, g.src, w, g.t0))
+        return s.job_end - s.job_start
+
+    def _band(self, measured: np.ndarray, projected: np.ndarray, spans: np.ndarray
               ) -> tuple[np.ndarray, np.ndarray]:
-        """(low, high) per step: the two calibrations' projections (``model.Weights``)
-        bracket the model part (nothing for the identity); the job's own step-to-step
-        variation (coefficient of variation of the measured step times) widens it both
-        ways, since a projection of one step cannot be surer than the steps repeat."""
+        """(low, high) per step: the span of ``spans`` (step times of the projection, its
+        other calibration, and the schedules with every uncertain weight at its low and its
+        high end: ``band.py``), widened both ways by the job's own step-to-step variation
+        (coefficient of variation of the measured step times), since a projection of one step
+        cannot be surer than the steps repeat."""
         ok = np.isfinite(measured) & (measured > 0)
         m = measured[ok]
         u_steps = float(np.std(m, ddof=1) / np.mean(m)) if len(m) > 1 else 0.0
-        lo, hi = np.minimum(projected, alt), np.maximum(projected, alt)
+        lo, hi = spans.min(axis=0), spans.max(axis=0)
         return lo - u_steps * projected, hi + u_steps * projected
 
     def _breakdowns(self, t: np.ndarray, w: StepWindows) -> dict[int, dict[str, int]]:

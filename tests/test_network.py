@@ -1,9 +1,11 @@
-"""The replayer's network model: units, topology specs and NCCL-style collective costs."""
+"""The replayer's network model: units, topology specs, NCCL-style collective costs, and gloo's
+messages over TCP (replay/transport.py), checked against hand computations."""
 
 from __future__ import annotations
 
 import itertools
 import math
+from dataclasses import replace
 
 import pytest
 
@@ -132,3 +134,84 @@ def test_collective_names_have_one_normalisation(tmp_path) -> None:
     # the views read the normalised kind, the replay graph too
     assert con.execute("SELECT DISTINCT kind FROM collective_instances").fetchall() == [
         ("allreduce",)]
+
+
+# -- gloo over TCP (replay/transport.py): hand computations -------------------------------
+
+def _gloo_net(latency: str, payload_rate: float = 1e8) -> Network:
+    """Two nodes whose TCP payload rate is ``payload_rate`` bytes/s (the link's bandwidth
+    times TCP_PAYLOAD)."""
+    from tracetool.replay.transport import TCP_PAYLOAD
+    return parse_network(f"gpus_per_node=1,inter_node_bw={payload_rate / TCP_PAYLOAD}B/s,"
+                         f"inter_node_latency={latency}")
+
+
+def test_gloo_ring_of_two_is_four_messages_of_a_segment_each() -> None:
+    """4 MiB on 2 ranks: 4 segments of 1 MiB, each rank sends 2 per phase, both in flight at
+    once. Each phase: the first segment leaves when the peer's recv-ready notice arrived (D),
+    the second right behind it (link busy), the last lands D later: D + 2T + D."""
+    d, t = 5e-3, (1 << 20) / 1e8
+    got = collective_time(_gloo_net("5ms"), "allreduce", 4 << 20, [0, 1], backend="gloo")
+    assert got == pytest.approx(2 * (2 * d + 2 * t))
+
+
+def test_gloo_ring_waits_for_the_rendezvous_when_the_delay_exceeds_a_segment() -> None:
+    """8 MiB on 2 ranks, D = 10 ms > T: per phase segments 0 and 1 leave at D and D + T;
+    segment 2 is posted when segment 0 lands (2D + T) and leaves when that notice reaches
+    the peer (3D + T), segment 3 behind it; the last lands at 4D + 3T."""
+    d, t = 10e-3, (1 << 20) / 1e8
+    got = collective_time(_gloo_net("10ms"), "allreduce", 8 << 20, [0, 1], backend="gloo")
+    assert got == pytest.approx(2 * (4 * d + 3 * t))
+    # another collective on the same connections fills the waits: less latency, same bytes
+    shared = collective_time(_gloo_net("10ms"), "allreduce", 8 << 20, [0, 1], backend="gloo",
+                             sharing=2.0)
+    assert 2 * (d + 4 * t) < shared < got
+
+
+def test_gloo_tiny_allreduce_is_one_round_trip_per_two_ranks() -> None:
+    """A 4-byte allreduce: one element, one message each phase (1 -> 0, then 0 -> 1); rank 0
+    finishes once its reply is written: 2D on 2 ranks, 4D on 4 (the trace's transfer is the
+    shortest rank's span)."""
+    for n, hops in ((2, 2), (4, 4)):
+        got = collective_time(_gloo_net("5ms"), "allreduce", 4, list(range(n)), "gloo")
+        assert got == pytest.approx(hops * 5e-3, rel=1e-4)
+
+
+def test_gloo_all_to_all_is_one_rendezvous_then_the_bytes() -> None:
+    got = collective_time(_gloo_net("2ms"), "all_to_all", 4 << 20, [0, 1, 2, 3], "gloo")
+    assert got == pytest.approx(2 * 2e-3 + 3 * (1 << 20) / 1e8)
+
+
+def test_tcp_window_and_slow_start_after_idle() -> None:
+    from tracetool.replay.transport import TCP_PAYLOAD, slow_start_extra, tcp_rate
+    assert tcp_rate(1e9, 0.0) == pytest.approx(1e9 * TCP_PAYLOAD)
+    assert tcp_rate(1e9, 0.02) == pytest.approx((4 << 20) / 0.02)  # window-bound: 210 MB/s
+    # 1 MiB at 1e8 B/s over a 100 ms round trip, after 1 s idle (> RTO): windows of 10, 20,
+    # .. 320 segments (63 x 14480 bytes) take a round trip each, the rest goes at the rate
+    left = (1 << 20) - 63 * 14480
+    assert slow_start_extra(1 << 20, 1e8, 0.1, idle_s=1.0) == pytest.approx(
+        6 * 0.1 + left / 1e8 - (1 << 20) / 1e8)
+    assert slow_start_extra(1 << 20, 1e8, 0.1, idle_s=0.1) == 0  # idle < RTO: window kept
+
+
+def test_added_latency_replaces_the_measured_latency_and_scales_the_rest() -> None:
+    from tracetool.replay.model import transfer_factor
+    assert transfer_factor(0.3, 0.2, 0.05, 0.2, 0.05) == 1.0  # identity
+    # 0.3 s measured, 0.05 s of it latency: the 0.25 s rest doubles, latency 0.05 -> 0.5
+    # (model: 0.15 s of bytes + 0.05 s latency -> 0.3 s of bytes + 0.5 s latency)
+    assert transfer_factor(0.3, 0.2, 0.05, 0.8, 0.5) == pytest.approx((0.25 * 2 + 0.5) / 0.3)
+    assert transfer_factor(0.3, 0.2, 0.0, 0.4, 0.0) == pytest.approx(2.0)  # ratio, as NCCL's
+
+
+def test_gloo_across_datacenters_pays_the_crossing_links() -> None:
+    """4 ranks, 2 per datacenter: the ring 0-1-2-3 crosses on 2 of its 4 links, which pace
+    it; the ring lies between the all-near and the all-far one. An all-to-all waits for its
+    farthest peer: one rendezvous over the datacenter latency."""
+    near = _gloo_net("1ms")
+    split = replace(near, ranks_per_dc=2, dc_latency=9e-3)  # 1 + 9 = 10 ms across
+    far = _gloo_net("10ms")
+    args = ("allreduce", 8 << 20, [0, 1, 2, 3], "gloo")
+    assert (collective_time(near, *args) < collective_time(split, *args)
+            <= collective_time(far, *args))
+    got = collective_time(split, "all_to_all", 4 << 20, [0, 1, 2, 3], "gloo")
+    assert got == pytest.approx(2 * 10e-3 + 3 * (1 << 20) / 1e8)

@@ -1,0 +1,171 @@
+"""gloo's collectives as messages over TCP: what a CPU (gloo) collective costs on a network.
+
+gloo (github.com/facebookincubator/gloo, which PyTorch's ProcessGroupGloo calls for CPU
+tensors) moves data with a rendezvous per message: a send leaves only once the receiver has
+posted the matching receive and told the sender so (``gloo/transport/tcp/pair.cc``: "sends
+cannot execute until the remote side is ready to receive"), so every message costs a one-way
+notification, its bytes over the connection, and a one-way trip for the data. Per collective:
+
+- allreduce (``gloo/allreduce.cc``, ``ring``; ProcessGroupGloo's dense CPU allreduce): the
+  buffer is cut into ``max(ceil(S / 1 MiB), 2n)`` segments (rounded up to a multiple of n;
+  ``AllreduceOptions::kMaxSegmentSize`` = 1 MiB), a reduce-scatter then an allgather around
+  the ring, each rank sending ``(n - 1) * segments / n`` segments to its left neighbour and
+  receiving as many from its right, at most two in flight: iteration i waits for the
+  receive and the send of iteration i - 2 before posting its own;
+- all_to_all (``gloo/alltoall.cc``): every rank posts its n - 1 sends and receives at once
+  (one rendezvous) and they share its link;
+- allgather, reduce_scatter: n - 1 ring steps of S / n, one message in flight; broadcast,
+  reduce: a binomial tree, ceil(log2 n) rounds of S; send/recv: one message.
+
+TCP decides the rate of a message on a connection: ``min(link bandwidth x payload share,
+window / RTT)``. The payload share is 1448 / 1514 (a full-size segment with timestamps in an
+Ethernet frame, which is what a rate limiter counts); the window is Linux's ``tcp_wmem`` max
+(4 MiB, the ranks' setting in sample_traces/netlab/measured.json ``rank_sysctls``; the
+kernel's default too). After an idle longer than the retransmission timeout (RFC 5681 section
+4.1, Linux ``tcp_slow_start_after_idle=1``, RTO >= 200 ms, RFC 6298 / ``TCP_RTO_MIN``) the
+window restarts at 10 segments (RFC 6928) and doubles per round trip (slow start).
+
+Latencies are one-way, the same input as the NCCL model's per-step latency: the link's
+``*_latency`` of ``Network``. Everything above is from the sources named; the one fitted
+constant is SHARED_FILL. Measured errors: ``benchmarks/replay_accuracy.py`` (README.md,
+"Network model").
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from .network import Network
+
+GLOO_MAX_SEGMENT = 1 << 20  # bytes, gloo/allreduce.h AllreduceOptions::kMaxSegmentSize
+GLOO_IN_FLIGHT = 2  # segments per direction, gloo/allreduce.cc ring
+SIM_PER_RANK = 8  # segments per rank simulated one by one; beyond, the steady state
+# How much of a second collective's in-flight segments fill this one's waits when the two
+# share the connections (0: none, 1: as if one collective had twice the segments in flight).
+# The model's one fitted constant: fitted 2026-12-01 on sample_traces/netlab (measured.json of
+# the 14:32-14:43 UTC run), by the worst |error| of the 2-rank and 4-rank DDP matrices
+# (benchmarks/replay_accuracy.py, sources whose collectives are all priced): 2-rank 8.4% for
+# 0.2-0.35 (13.5% at 0.1, 14.6% at 0.5), 4-rank 8.3%, 6.1%, 5.0%, 3.4% at 0.2, 0.3, 0.35,
+# 0.5; 0.35 is frozen.
+SHARED_FILL = 0.35
+ELEMENT = 4  # bytes per element gloo rounds segments to (float32: DDP's gradients)
+TCP_PAYLOAD = 1448 / 1514  # payload share of a full Ethernet frame (TCP with timestamps)
+TCP_WINDOW = 4 << 20  # bytes, Linux net.ipv4.tcp_wmem max (4 MiB)
+TCP_INIT_CWND = 10 * 1448  # bytes, RFC 6928 initial window, 10 segments of MSS 1448
+TCP_MIN_RTO = 0.2  # s, RFC 6298 / Linux TCP_RTO_MIN
+
+
+def path(net: Network, a: int, b: int) -> tuple[float, float]:
+    """(one-way latency s, bandwidth bytes/s) of the slowest link between ranks a and b."""
+    level = net.level(a, b)
+    if level == "intra":
+        return net.intra_node_latency, net.intra_node_bw
+    if level == "inter":
+        return net.inter_node_latency, net.inter_node_bw
+    bw = net.dc_bw if net.dc_bw is not None else net.inter_node_bw
+    return net.inter_node_latency + net.dc_latency, bw
+
+
+def tcp_rate(bandwidth: float, rtt: float, window: float = TCP_WINDOW) -> float:
+    """Payload bytes/s of one warm connection: the link's, or the window's per round trip."""
+    rate = bandwidth * TCP_PAYLOAD
+    return min(rate, window / rtt) if rtt > 0 else rate
+
+
+def slow_start_extra(nbytes: float, rate: float, rtt: float, idle_s: float) -> float:
+    """Seconds slow start after idle adds to sending ``nbytes`` (0 if the connection was idle
+    for less than its RTO): rounds of one RTT while the window, from 10 segments doubling
+    per round, is below the bandwidth-delay product."""
+    if idle_s <= max(TCP_MIN_RTO, 2 * rtt) or rtt <= 0 or nbytes <= 0:
+        return 0.0
+    cwnd, left, t = TCP_INIT_CWND, nbytes, 0.0
+    while cwnd < rate * rtt and left > cwnd:
+        left -= cwnd
+        cwnd *= 2
+        t += rtt
+    return t + left / rate - nbytes / rate
+
+
+def ring_allreduce(nbytes: float, lat: np.ndarray, rate: np.ndarray,
+                   extra: np.ndarray | None = None, sharing: float = 1.0) -> float:
+    """gloo's ring allreduce (``_ring``) with ``sharing`` collectives on the connections at
+    once: their segments fill each other's waits, as if GLOO_IN_FLIGHT x sharing segments
+    were in flight (interpolated between whole numbers)."""
+    window = GLOO_IN_FLIGHT * (1 + SHARED_FILL * (max(sharing, 1.0) - 1))
+    lo = math.floor(window)
+    t_lo = _ring(nbytes, lat, rate, extra, lo)
+    if window == lo:
+        return t_lo
+    return t_lo + (window - lo) * (_ring(nbytes, lat, rate, extra, lo + 1) - t_lo)
+
+
+def _ring(nbytes: float, lat: np.ndarray, rate: np.ndarray, extra: np.ndarray | None,
+          in_flight: int) -> float:
+    """Seconds of gloo's ring allreduce when every rank starts at 0: the shortest rank's
+    span (what a trace's transfer is: the last rank to join waits least). ``lat[q]``,
+    ``rate[q]``: the connection from rank q to its left neighbour q - 1; ``extra[q]``: time
+    slow start adds to q's first segment. Past SIM_PER_RANK segments per rank the pipeline
+    is in its steady state, so the time is extrapolated linearly in the bytes."""
+    n = len(lat)
+    full = SIM_PER_RANK * n * GLOO_MAX_SEGMENT
+    if nbytes > full:
+        t_full = _ring(full, lat, rate, extra, in_flight)
+        t_half = _ring(full / 2, lat, rate, extra, in_flight)
+        return t_full + (nbytes - full) * (t_full - t_half) / (full / 2)
+    segments = -(-max(math.ceil(nbytes / GLOO_MAX_SEGMENT), 2 * n) // n) * n
+    per_rank = segments // n
+    seg = -(-math.ceil(nbytes / segments) // ELEMENT) * ELEMENT  # whole elements
+    ranks = np.arange(n)
+    left, right = (ranks - 1) % n, (ranks + 1) % n
+    free = np.zeros(n)  # when each rank's outgoing connection is free
+    extra = np.zeros(n) if extra is None else extra.copy()
+    start = np.zeros(n)  # when each rank starts the phase
+    for first in (1, 0):  # reduce-scatter sends chunk r + 1 onwards, allgather chunk r
+        post = start
+        done_at = []  # per iteration: (segment in at rank r, rank r's send done), or -inf
+        for i in range((n - 1) * per_rank):
+            if i >= in_flight:  # wait for the receive and the send of i - in_flight
+                post = np.maximum.reduce([post, *done_at[i - in_flight]])
+            index = ((ranks + first) * per_rank + i) % segments  # the segment rank r sends
+            size = np.clip(nbytes - index * seg, 0, seg)
+            go = size > 0  # rank q sends to q - 1 once q - 1's recv-ready notice arrived
+            begin = np.maximum.reduce([post, post[left] + lat, free])
+            done = begin + extra + size / rate
+            free = np.where(go, done, free)
+            extra = np.where(go, 0.0, extra)
+            # rank r receives what its right neighbour sends
+            done_at.append((np.where(go[right], done[right] + lat[right], -math.inf),
+                            np.where(go, done, -math.inf)))
+        start = np.maximum.reduce([post, *(x for pair in done_at[-in_flight:] for x in pair)])
+    return float(start.min())
+
+
+def gloo_time(net: Network, kind: str, nbytes: float, ranks: list[int],
+              idle_s: float = 0.0, sharing: float = 1.0) -> float:
+    """Seconds of one gloo collective over global ``ranks`` (sorted, >= 2) on ``net``;
+    ``sharing``: collectives in flight on the same connections at once (>= 1)."""
+    n = len(ranks)
+    paths = [path(net, q, ranks[(k - 1) % n]) for k, q in enumerate(ranks)]
+    lat = np.array([d for d, _ in paths])
+    rate = np.array([tcp_rate(bw, 2 * d) for d, bw in paths])
+    extra = np.array([slow_start_extra(min(nbytes / n, GLOO_MAX_SEGMENT), r, 2 * d, idle_s)
+                      for d, r in zip(lat, rate, strict=True)])
+    first = float(extra.max())
+    if kind == "allreduce":
+        return ring_allreduce(nbytes, lat, rate, extra, sharing)
+    if kind == "all_to_all":  # one rendezvous; n - 1 connections share the rank's link
+        peers = [path(net, ranks[0], r) for r in ranks[1:]]
+        d, bw = max(p[0] for p in peers), min(p[1] for p in peers)
+        return 2 * d + first + (n - 1) * (nbytes / n) / tcp_rate(bw, 2 * d,
+                                                                  (n - 1) * TCP_WINDOW)
+    d, r = float(lat.max()), float(rate.min())
+    message = 2 * d  # rendezvous: the notice one way, the data the other
+    if kind in ("allgather", "reduce_scatter"):
+        return first + (n - 1) * (message + nbytes / n / r)
+    if kind in ("broadcast", "reduce"):
+        return first + math.ceil(math.log2(n)) * (message + nbytes / r)
+    return first + message + nbytes / r  # send / recv

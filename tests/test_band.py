@@ -1,0 +1,69 @@
+"""The uncertainty band (tracetool.replay.band): error terms carried through the schedule.
+
+The band must contain the measured truth on the project's ground truth: the cross-GPU pair
+of ../shared/traces (bert-small, H100 and MI300X, both ways), measured independently by the
+job_steps view of the target's own trace. Identity stays exact (no model, no error term)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import tracetool
+from tracetool.ingest.pipeline import Options, ingest
+from tracetool.replay import Replayer, Scenario, resolve_gpu
+from tracetool.replay.band import ERRORS, bounds
+
+from ._util import SHARED_TRACES
+
+BERT = SHARED_TRACES / "AMD-AGI__TraceLens/tests/traces"
+PAIR = {"h100": BERT / "h100/gaunernst_bert-small-uncased__1016001.json.gz",
+        "mi300x": BERT / "mi300/gaunernst_bert-small-uncased__1016001.json.gz"}
+
+
+def test_bounds_hold_both_signs() -> None:
+    w = np.array([100.0, -50.0, 0.0, 10.0])
+    e = np.array([1.0, 1.0, 0.5, 0.0])
+    lo, hi = bounds(w, e)
+    assert (lo <= w).all() and (w <= hi).all()
+    assert lo.tolist() == [50.0, -100.0, 0.0, 10.0]
+    assert hi.tolist() == [200.0, -25.0, 0.0, 10.0]
+
+
+def test_every_error_term_says_where_it_comes_from() -> None:
+    assert all(t.e > 0 and len(t.source) > 40 for t in ERRORS.values())
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN201
+    if not all(f.is_file() for f in PAIR.values()):
+        pytest.skip(f"real trace corpus not found at {SHARED_TRACES}")
+    store = tmp_path_factory.mktemp("band") / "store"
+    for gpu, f in PAIR.items():
+        assert ingest([f], Options(store=store, job=gpu, rank=0))[0].status == "ingested"
+    con = tracetool.connect(store)
+    measured = {gpu: con.execute("SELECT dur_ns FROM job_steps WHERE job = ? AND complete",
+                                 [gpu]).fetchall() for gpu in PAIR}
+    return con, {g: Replayer.from_store(con, g) for g in PAIR}, measured
+
+
+@pytest.mark.parametrize(("src", "dst"), [("h100", "mi300x"), ("mi300x", "h100")])
+def test_cross_gpu_truth_lies_in_the_band(pair, src: str, dst: str) -> None:  # noqa: ANN001
+    _, replayers, measured = pair
+    res = replayers[src].run(Scenario(gpu=resolve_gpu(dst)))
+    (truth,), = measured[dst]
+    s = res.steps[0]
+    assert len(res.steps) == 1 and s.low_ns <= truth <= s.high_ns, (s, truth)
+    assert s.low_ns < s.projected_ns < s.high_ns
+    notes = " ".join(res.notes)
+    assert "kernel_small" in notes and "host_cpu" in notes
+    assert "not measured" in notes  # kernel_large is an assumed error, and says so
+
+
+def test_identity_has_no_model_error(pair) -> None:  # noqa: ANN001
+    _, replayers, measured = pair
+    res = replayers["h100"].run()
+    (truth,), = measured["h100"]
+    s = res.steps[0]
+    assert s.low_ns == s.projected_ns == s.high_ns == truth  # one step: no variation either
+    assert not any(n.startswith("band:") for n in res.notes)
