@@ -268,7 +268,8 @@ def commit_built(r: FileResult, store: Store, stored: list[StoredFile],
     if r.rank in committed:
         r.status = "error"
         r.message = (f"job {r.job} rank {r.rank} is also claimed by {committed[r.rank]} in "
-                     "this ingest; pass the files separately with --rank or --job")
+                     "this ingest; pass the files separately with --rank or --job, or, for "
+                     "unrelated single-rank traces, --job-per-file")
         return r
     same = [s for s in stored if s.job == r.job and s.sha256 == r.sha256]
     if same and not force:  # committed by another ingest since this one began

@@ -447,6 +447,7 @@ def test_two_inputs_claiming_one_rank_in_one_call(tmp_path: Path) -> None:
     rows = [json.loads(line) for line in out.splitlines()]
     assert [r["status"] for r in rows] == ["ingested", "error"]
     assert "rank 3 is also claimed by a.json" in rows[1]["message"]
+    assert rows[1]["message"].endswith("or, for unrelated single-rank traces, --job-per-file")
     assert con(tmp_path / "s").execute("SELECT name FROM events").fetchall() == [("a",)]
 
 
