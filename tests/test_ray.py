@@ -72,8 +72,8 @@ def test_ray_with_no_cluster_starts_its_own_and_reports_a_bad_file(tmp_path: Pat
     r = in_netns(f"tracetool ingest {good} {bad} --store {store} --job j --executor ray")
     assert r.returncode == 1, r.stderr[-2000:]
     assert [line for line in r.stderr.splitlines() if line.startswith("tracetool: error:")] \
-        == [line for line in run("ingest", bad, "--store", tmp_path / "s2", "--job", "j")[2]
-            .splitlines() if line.startswith("tracetool: error:")]
+        == [line for line in run("ingest", good, bad, "--store", tmp_path / "s2", "--job",
+                                 "j")[2].splitlines() if line.startswith("tracetool: error:")]
     assert "ingested" in r.stdout and (store / "data" / "job=j" / "rank=0").is_dir()
     assert [p.name for p in (store / "data" / "job=j").iterdir()] == ["rank=0"]
 
