@@ -26,6 +26,27 @@ def _us(ns: int, t0: int) -> str:
     return f"{sign}{d // 1000}.{d % 1000:03d}"
 
 
+def _us_sql(ns: str) -> str:
+    """SQL for ``_us``: ns as microsecond text with three decimals (a JSON number)."""
+    return (f"(CASE WHEN {ns} < 0 THEN '-' ELSE '' END || abs({ns}) // 1000 || '.' || "
+            f"lpad((abs({ns}) % 1000)::VARCHAR, 3, '0'))")
+
+
+# The trace's events as JSON text, built in DuckDB: one Python object per event instead of
+# a dict to encode (the events of a whole trace can be millions; to_json escapes the text).
+_EVENTS_JSON = f"""
+SELECT '{{"ph":' || to_json(ph) || ',"cat":' || to_json(coalesce(cat, ''))
+       || ',"name":' || to_json(coalesce(name, '')) || ',"pid":' || rank
+       || ',"tid":' || track_id || ',"ts":' || {_us_sql("(ts_ns - $t0)")}
+       || CASE WHEN ph = 'X' THEN ',"dur":' || {_us_sql("coalesce(dur_ns, 0)")}
+               ELSE ',"s":"t"' END
+       || ',"args":{{"eid":' || eid || '}}}}'
+FROM events WHERE job = $job AND ph IN ('X', 'i') AND ts_ns <= $t1 AND end_ns >= $t0
+  AND track_kind IN ('cpu_thread', 'gpu_stream', 'gpu_device') AND list_contains($ranks, rank)
+ORDER BY rank, ts_ns, eid
+"""
+
+
 def write_path_trace(con: duckdb.DuckDBPyConnection, job: str, segments: list[dict],
                      out: Path, ranks: list[int] | None = None) -> int:
     """Write ``out`` (atomically); returns the number of trace events written. ``ranks``:
@@ -65,21 +86,14 @@ def write_path_trace(con: duckdb.DuckDBPyConnection, job: str, segments: list[di
                   AND list_contains(?, rank)""", [job, ranks]).fetchall():
             emit({"ph": "M", "name": "thread_name", "pid": rank, "tid": track_id,
                   "args": {"name": f"{name} ({kind})"}})
-        rows = con.execute("""
-            SELECT rank, track_id, eid, name, cat, ph, ts_ns, coalesce(dur_ns, 0)
-            FROM events WHERE job = ? AND ph IN ('X', 'i') AND ts_ns <= ? AND end_ns >= ?
-              AND track_kind IN ('cpu_thread', 'gpu_stream', 'gpu_device')
-              AND list_contains(?, rank)
-            ORDER BY rank, ts_ns""", [job, t1, t0, ranks])
-        while batch := rows.fetchmany(50_000):
-            for rank, track, eid, name, cat, ph, ts, dur in batch:
-                ev = {"ph": ph, "cat": cat or "", "name": name or "", "pid": rank, "tid": track,
-                      "ts": float(_us(ts, t0)), "args": {"eid": eid}}
-                if ph == "X":
-                    ev["dur"] = float(_us(dur, 0))
-                else:
-                    ev["s"] = "t"
-                emit(ev)
+        reader = con.sql(_EVENTS_JSON, params={"job": job, "t0": t0, "t1": t1, "ranks": ranks}
+                         ).to_arrow_reader(50_000)
+        for batch in reader:
+            texts = batch.column(0).to_pylist()
+            if texts:
+                f.write((b"" if first else b",\n") + ",\n".join(texts).encode())
+                first = False
+                n += len(texts)
         for i, s in enumerate(segments):
             label = f"{s['kind']}: {s['name']}" if s.get("name") else s["kind"]
             emit({"ph": "X", "cat": "critical_path", "name": label, "pid": s["rank"],

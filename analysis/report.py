@@ -2,8 +2,7 @@
 
 Every number comes from the analysis views (steps, step_breakdown, kernel_summary,
 op_summary, collective_instances), so the report agrees with what ``tracetool sql`` shows.
-The charts are drawn on matplotlib's Agg canvas directly rather than through pyplot: no
-display is needed and no global figure state is shared between reports.
+The charts are drawn from plain data by ``charts.py``, in a second process.
 """
 
 from __future__ import annotations
@@ -11,7 +10,6 @@ from __future__ import annotations
 import html
 import importlib
 import json
-import threading
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, is_dataclass
@@ -19,28 +17,28 @@ from pathlib import Path
 from typing import Any
 
 import duckdb
+import numpy as np
 
+from tracetool.analysis.charts import (
+    ChartDrawer,
+    draw_breakdown,
+    draw_critical_path,
+    draw_skew,
+    draw_step_timeline,
+    draw_top,
+)
 from tracetool.analysis.chrome_trace import write_path_trace
 from tracetool.analysis.collectives import collective_warnings
 from tracetool.analysis.connect import connect
-from tracetool.analysis.step_timeline import chart_step_timeline, choose_step
+from tracetool.analysis.step_timeline import choose_step, timeline_data
 from tracetool.errors import one_line
 from tracetool.numbers import round_ns
-from tracetool.palette import colour
-from tracetool.text import markdown_cell, printable, short_names
+from tracetool.text import markdown_cell, printable
 
 TOP = 15  # rows of the top kernels / ops tables and chart
 NAME_WIDTH = 80  # long C++ kernel names are cut to this in tables (never in JSON)
 CHART_FILES = ("breakdown.png", "top_kernels.png", "top_cpu_ops.png", "collective_skew.png",
                "critical_path.png", "step_timeline.png", "step_timeline.json")
-BREAKDOWN_PARTS = (  # (summary key, label, colour): they add up to the step's duration
-    ("compute_ns", "compute", colour("compute")),
-    ("exposed_comm_ns", "exposed comm", colour("exposed_comm")),
-    ("exposed_memcpy_ns", "memcpy (not overlapped)", colour("exposed_memcpy")),
-    ("idle_ns", "idle", colour("idle")),
-)
-
-
 class StoreError(Exception):
     """The store or job the user named cannot be used; the message is one line for them."""
 
@@ -292,101 +290,9 @@ def summarize_path(path: duckdb.DuckDBPyRelation) -> dict[str, Any]:
 
 # -------------------------------------------------------------------------------- the charts
 
-def _import_charting() -> None:
-    import matplotlib.backends.backend_agg  # noqa: F401
-    import matplotlib.collections  # noqa: F401
-    import matplotlib.figure  # noqa: F401
-    import matplotlib.patches  # noqa: F401
-
-
-def _preload_charting() -> threading.Thread:
-    """Import matplotlib on a thread while the summary's queries run: DuckDB releases the GIL
-    while it executes, so the import (~0.4 s, a tenth of a report) overlaps them. Only a head
-    start: the charts import what they use themselves, so a failure here shows there."""
-    def run() -> None:
-        try:
-            _import_charting()
-        except Exception:  # noqa: BLE001, S110  (reported by the charts' own imports)
-            pass
-
-    t = threading.Thread(target=run, name="tracetool-preload-matplotlib", daemon=True)
-    t.start()
-    return t
-
-
-def _figure(width: float, height: float) -> Any:
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(width, height), dpi=100)
-    FigureCanvasAgg(fig)
-    return fig
-
-
-def _save(fig: Any, path: Path) -> None:
-    """PNG, cropped to what was drawn (legends sit outside the axes)."""
-    fig.savefig(path, bbox_inches="tight")
-
-
-def _short(name: str, width: int = NAME_WIDTH) -> str:
-    name = printable(name)
-    return name if len(name) <= width else name[:width - 1] + "…"
-
-
-def chart_breakdown(summary: dict[str, Any], path: Path) -> None:
-    """Stacked bar per rank: mean step split into compute / exposed comm / memcpy / idle."""
-    bd = summary["breakdown"]
-    fig = _figure(min(20, max(7, 0.6 * len(bd) + 3)), 5)
-    ax = fig.add_subplot()
-    x = list(range(len(bd)))
-    bottom = [0.0] * len(bd)
-    for key, label, fill in BREAKDOWN_PARTS:
-        ms = [max(0, r[key] or 0) / 1e6 for r in bd]
-        ax.bar(x, ms, bottom=bottom, label=label, color=fill, width=0.7)
-        bottom = [b + v for b, v in zip(bottom, ms, strict=True)]
-    ax.set_xticks(x, [f"rank {r['rank']}" for r in bd], rotation=45 if len(bd) > 12 else 0)
-    ax.set_ylabel("ms per step (mean)")
-    cpu_only = summary["top"]["what"] == "cpu_ops"
-    ax.set_title(f"{summary['job']}: where a step goes"
-                 + (" (CPU-only: compute = CPU ops, comm = gloo)" if cpu_only else ""))
-    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1))
-    _save(fig, path)
-
-
-def chart_top(summary: dict[str, Any], path: Path) -> None:
-    """Horizontal bars of the top kernels (total time) or CPU ops (self time)."""
-    top = summary["top"]
-    key = "total_ns" if top["what"] == "kernels" else "self_ns"
-    rs = top["rows"]
-    fig = _figure(11, max(3, 0.35 * len(rs) + 1.5))
-    ax = fig.add_subplot()
-    y = list(range(len(rs)))
-    kernels = top["what"] == "kernels"
-    cats = [r.get("category") or "other" for r in rs] if kernels else ["cpu"] * len(rs)
-    ax.barh(y, [r[key] / 1e6 for r in rs], color=[colour(c) for c in cats])
-    # names shortened as TensorBoard does, kept distinct (the tables keep them whole)
-    ax.set_yticks(y, short_names([r["name"] for r in rs]), fontsize=8)
-    ax.invert_yaxis()
-    if kernels:
-        from matplotlib.patches import Patch
-
-        ax.legend(handles=[Patch(color=colour(c), label=c) for c in dict.fromkeys(cats)],
-                  loc="lower right", fontsize=8)
-    if top["what"] == "kernels":
-        ax.set_xlabel("total time over all ranks (ms)")
-        ax.set_title(f"{summary['job']}: top kernels by total time")
-    else:
-        ax.set_xlabel("self time over all ranks (ms)")
-        ax.set_title(f"{summary['job']}: top CPU ops by self time (no GPU kernels)")
-    _save(fig, path)
-
-
-def chart_skew(con: duckdb.DuckDBPyConnection, job: str, summary: dict[str, Any],
-               path: Path) -> None:
-    """Heatmap of ranks x collective instances (in time order); colour = how long the rank
-    waited for the last one to arrive."""
-    import numpy as np
-
+def skew_grid(con: duckdb.DuckDBPyConnection, job: str) -> tuple[list[int], np.ndarray]:
+    """The collective skew chart's data: its ranks, and per rank and collective instance (in
+    order of first arrival) how long the rank waited for the last one (ms; NaN: no call)."""
     cells = con.execute("""
         SELECT instance, rank, wait_ns, min(first_arrival_ns) OVER (PARTITION BY instance) AS t
         FROM collective_instances WHERE job = ?""", [job]).fetchall()
@@ -397,15 +303,7 @@ def chart_skew(con: duckdb.DuckDBPyConnection, job: str, summary: dict[str, Any]
     grid = np.full((len(ranks), len(instances)), np.nan)
     for i, r, wait, _ in cells:
         grid[row[r], col[i]] = (wait or 0) / 1e6
-    fig = _figure(min(20, max(7, 0.25 * len(instances) + 3)), max(3, 0.35 * len(ranks) + 2))
-    ax = fig.add_subplot()
-    im = ax.imshow(np.ma.masked_invalid(grid), aspect="auto", cmap="viridis",
-                   interpolation="nearest")
-    ax.set_yticks(range(len(ranks)), [f"rank {r}" for r in ranks])
-    ax.set_xlabel("collective instance, in order of first arrival")
-    ax.set_title(f"{summary['job']}: wait at collectives (last arrival - own arrival)")
-    fig.colorbar(im, ax=ax, label="wait (ms)")
-    _save(fig, path)
+    return ranks, grid
 
 
 CHART_COLUMNS = 1200  # the critical path chart is 12 in at 100 dpi: at most 1,200 px across
@@ -424,8 +322,6 @@ def critical_path_bars(path: duckdb.DuckDBPyRelation, columns: int = CHART_COLUM
     than two columns. Returns t0_ns (the path's start), span_ns, column_ns, ranks (lanes,
     None last), kinds (sorted), steps_ns (each step's start, in step order), and per bar
     numpy arrays lane, kind (index into kinds), start_ns (after t0), dur_ns, merged."""
-    import numpy as np
-
     cols = _path_columns(path)
     (t0, t1, ranks, no_rank, kinds, step_starts), = path.query("_cp_path", f"""
         WITH p AS (SELECT {cols} FROM _cp_path),
@@ -470,38 +366,9 @@ def _sql_list(values: Sequence[Any]) -> str:
 
 
 def chart_critical_path(path: duckdb.DuckDBPyRelation, job: str, out: Path) -> None:
-    """Timeline of the critical path: one lane per rank, segments coloured by kind; one
-    polygon collection per kind over the bars of ``critical_path_bars`` (at most a few per
-    pixel column and lane, however long the path)."""
-    import numpy as np
-    from matplotlib.collections import PolyCollection
-    from matplotlib.patches import Patch
-
-    b = critical_path_bars(path)
-    ranks, kinds = b["ranks"], b["kinds"]
-    fig = _figure(12, max(3, 0.5 * len(ranks) + 2))
-    ax = fig.add_subplot()
-    colours = [colour(k) for k in kinds]  # one palette: a kind's colour never moves
-    x0, x1 = b["start_ns"] / 1e6, (b["start_ns"] + b["dur_ns"]) / 1e6
-    y0, y1 = b["lane"] - 0.4, b["lane"] + 0.4
-    verts = np.stack([np.stack([x0, y0], 1), np.stack([x0, y1], 1), np.stack([x1, y1], 1),
-                      np.stack([x1, y0], 1)], 1)
-    for i, fill in enumerate(colours):
-        mine = b["kind"] == i
-        if mine.any():
-            # faces only: an outline would paint a sub-pixel bar a pixel wide, so a kind
-            # with many short segments would cover the lane; each kind's area is its time
-            ax.add_collection(PolyCollection(verts[mine], facecolors=fill, linewidths=0))
-    ax.autoscale_view()
-    for start in b["steps_ns"][1:]:
-        ax.axvline(start / 1e6, color="black", linestyle=":", linewidth=0.8)
-    ax.set_yticks(range(len(ranks)),
-                  ["no rank" if r is None else f"rank {r}" for r in ranks])
-    ax.set_xlabel("ms since the path's start (dotted: a new step begins)")
-    ax.set_title(f"{job}: critical path")
-    ax.legend(handles=[Patch(color=c, label=k) for k, c in zip(kinds, colours, strict=True)],
-              loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=8)
-    _save(fig, out)
+    """Draw the critical path chart of ``path`` into ``out`` here (the report draws it in
+    its drawing process)."""
+    draw_critical_path(critical_path_bars(path), job, out)
 
 
 # ------------------------------------------------------------------------ the report itself
@@ -548,24 +415,24 @@ def make_report(con: duckdb.DuckDBPyConnection, job: str, out_dir: Path | str,
     out.mkdir(parents=True, exist_ok=True)
     for name in CHART_FILES:
         (out / name).unlink(missing_ok=True)
-    charting = _preload_charting()
-    # the critical path on a second connection to the same database, on a thread, while
-    # this one runs the summary's queries and draws its charts: each side's Python work
-    # (matplotlib, the walk) runs while the other is inside DuckDB, which releases the GIL
-    with con.cursor() as cp_con, ThreadPoolExecutor(1) as pool:
+    # the charts are drawn in a second process while this one runs the queries; the
+    # critical path runs on a second connection to the same database, on a thread, since
+    # DuckDB releases the GIL while it executes (charts.py says why a process)
+    with ChartDrawer() as drawer, con.cursor() as cp_con, ThreadPoolExecutor(1) as pool:
         cp_run = pool.submit(critical_path_segments, cp_con, job, include_incomplete)
         summary = summarize(con, job, include_incomplete)
         summary["windows"] = windows  # None: ProfilerSteps; else the --annotation / --window
-        charting.join()
-        charts = _summary_charts(con, job, summary, out)
+        charts = _summary_charts(con, job, summary, out, drawer)
         cp_path, why_not = cp_run.result()
         summary["critical_path"] = (
             {"available": True, "reason": None, **summarize_path(cp_path)}
             if cp_path is not None else {"available": False, "reason": why_not})
         if cp_path is not None:
             charts["critical_path"] = "critical_path.png"
-            chart_critical_path(cp_path, job, out / charts["critical_path"])
-        summary["step_timeline"] = step_timeline(con, job, cp_path, out, charts)
+            drawer.draw(draw_critical_path, critical_path_bars(cp_path), job,
+                        out / charts["critical_path"])
+        summary["step_timeline"] = step_timeline(con, job, cp_path, out, charts, drawer)
+        drawer.wait()
     sections = _sections(summary, charts, store)
     title = f"tracetool report: job {job}"
     (out / "report.md").write_text(_markdown(title, sections), encoding="utf-8")
@@ -577,14 +444,15 @@ def make_report(con: duckdb.DuckDBPyConnection, job: str, out_dir: Path | str,
 
 def step_timeline(con: duckdb.DuckDBPyConnection, job: str,
                   cp_path: duckdb.DuckDBPyRelation | None, out: Path,
-                  charts: dict[str, str]) -> dict[str, Any] | None:
+                  charts: dict[str, str], drawer: ChartDrawer) -> dict[str, Any] | None:
     """The step timeline picture and its Perfetto trace (``step_timeline.py``), or None
     for a job without a complete step."""
     choice = choose_step(con, job, cp_path)
     if choice is None:
         return None
     charts["step_timeline"] = "step_timeline.png"
-    chart_step_timeline(con, job, choice, cp_path, out / charts["step_timeline"])
+    drawer.draw(draw_step_timeline, timeline_data(con, job, choice, cp_path),
+                out / charts["step_timeline"])
     info = {"step": choice.step, "ranks": choice.ranks, "slowest_because": choice.why,
             "start_ns": choice.start_ns, "end_ns": choice.end_ns, "perfetto": None}
     if cp_path is not None:
@@ -597,19 +465,25 @@ def step_timeline(con: duckdb.DuckDBPyConnection, job: str,
 
 
 def _summary_charts(con: duckdb.DuckDBPyConnection, job: str, summary: dict[str, Any],
-                    out: Path) -> dict[str, str]:
+                    out: Path, drawer: ChartDrawer) -> dict[str, str]:
     """Draw the charts of the summary (breakdown, top, skew): chart -> file name in out."""
     charts: dict[str, str] = {}
     if summary["breakdown"]:
         charts["breakdown"] = "breakdown.png"
-        chart_breakdown(summary, out / charts["breakdown"])
+        drawer.draw(draw_breakdown, job, summary["breakdown"],
+                    summary["top"]["what"] == "cpu_ops", out / charts["breakdown"])
     if summary["top"]["rows"]:
         charts["top"] = f"top_{summary['top']['what']}.png"  # top_kernels / top_cpu_ops
-        chart_top(summary, out / charts["top"])
+        drawer.draw(draw_top, job, summary["top"], out / charts["top"])
     if summary["collectives"]["instances"]:
         charts["collective_skew"] = "collective_skew.png"
-        chart_skew(con, job, summary, out / charts["collective_skew"])
+        drawer.draw(draw_skew, job, *skew_grid(con, job), out / charts["collective_skew"])
     return charts
+
+
+def _short(name: str, width: int = NAME_WIDTH) -> str:
+    name = printable(name)
+    return name if len(name) <= width else name[:width - 1] + "…"
 
 
 def _mb(r: dict[str, Any]) -> str:

@@ -6,19 +6,17 @@ the chosen ranks as a lane over one job step, GPU ops coloured by kernel categor
 the step's critical path drawn over the lanes it ran on. The step is the complete job step
 of median duration (a typical one, not an outlier); the ranks are the lowest and the one
 whose step was longest. The same window is written as a Chrome trace beside the picture
-(``chrome_trace.write_path_trace``), to open in Perfetto.
+(``chrome_trace.write_path_trace``), to open in Perfetto. Drawn by ``charts.draw_step_timeline``
+from ``timeline_data``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import duckdb
 import numpy as np
-
-from tracetool.palette import colour
 
 
 @dataclass
@@ -54,8 +52,12 @@ def choose_step(con: duckdb.DuckDBPyConnection, job: str,
     return StepChoice(int(step), int(start), int(end), ranks, why)
 
 
+# The bars of the chosen ranks in the step window; lane: CPU threads before GPU streams,
+# per rank, numbered from 0 down the chart.
 _BARS_SQL = """
-SELECT e.rank, e.track_id, t.track_kind, coalesce(t.thread_name, t.tid_raw) AS lane_name,
+SELECT e.rank, e.track_id, coalesce(t.thread_name, t.tid_raw) AS lane_name,
+       dense_rank() OVER (ORDER BY e.rank, t.track_kind <> 'cpu_thread', e.track_id) - 1
+           AS lane,
        greatest(e.ts_ns, $start) AS a, least(e.end_ns, $end) AS b, coalesce(e.depth, 0) AS depth,
        CASE WHEN g.eid IS NULL THEN 'cpu' WHEN g.kind IN ('memcpy', 'memset') THEN 'memcpy'
             ELSE coalesce(k.category, 'other') END AS what
@@ -70,59 +72,32 @@ WHERE e.job = $job AND list_contains($ranks, e.rank) AND e.ph = 'X'
 """
 
 
-def chart_step_timeline(con: duckdb.DuckDBPyConnection, job: str, choice: StepChoice,
-                        path_rel: duckdb.DuckDBPyRelation | None, out: Path) -> Any:
-    """Draw the step's lanes into ``out`` (PNG); returns the figure."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.collections import LineCollection, PolyCollection
-    from matplotlib.figure import Figure
-    from matplotlib.patches import Patch
-
+def timeline_data(con: duckdb.DuckDBPyConnection, job: str, choice: StepChoice,
+                  path_rel: duckdb.DuckDBPyRelation | None) -> dict[str, Any]:
+    """What ``charts.draw_step_timeline`` draws, as plain data: per bar its lane, start and
+    end (ms since the step's start, cut to the step), depth and category; the lanes (rank,
+    name), top to bottom; the path's segments on those lanes."""
     params = {"job": job, "ranks": choice.ranks, "start": choice.start_ns,
               "end": choice.end_ns}
     bars = con.execute(_BARS_SQL, params).fetchnumpy()
-    lanes = sorted({(int(r), 0 if k == "cpu_thread" else 1, int(t), str(n))
-                    for r, k, t, n in zip(bars["rank"], bars["track_kind"], bars["track_id"],
-                                          bars["lane_name"], strict=True)})
-    index = {(r, t): i for i, (r, _, t, _) in enumerate(lanes)}
-    lane = np.array([index[(int(r), int(t))] for r, t in zip(bars["rank"], bars["track_id"],
-                                                             strict=True)], dtype=float)
-    fig = Figure(figsize=(13, max(3.0, 0.42 * len(lanes) + 1.6)), dpi=100)
-    FigureCanvasAgg(fig)
-    ax = fig.add_subplot()
+    _, first = np.unique(bars["lane"], return_index=True)  # lanes are 0..n-1, in order
+    lanes = [(int(bars["rank"][i]), int(bars["track_id"][i]), str(bars["lane_name"][i]))
+             for i in first]
+    index = {(r, t): i for i, (r, t, _) in enumerate(lanes)}
     ms = lambda ns: (np.asarray(ns, dtype=float) - choice.start_ns) / 1e6  # noqa: E731
-    x0, x1 = ms(bars["a"]), ms(bars["b"])
-    # CPU ops: the outer level full height, what they call half height below it
-    h = np.where((bars["what"] == "cpu") & (bars["depth"] > 0), 0.35, 0.7)
-    y0 = np.where(h < 0.7, lane, lane - 0.35)
-    whats = list(dict.fromkeys(bars["what"].tolist()))
-    for w in whats:
-        m = bars["what"] == w
-        verts = np.stack([np.stack([x0[m], y0[m]], 1), np.stack([x0[m], y0[m] + h[m]], 1),
-                          np.stack([x1[m], y0[m] + h[m]], 1), np.stack([x1[m], y0[m]], 1)], 1)
-        ax.add_collection(PolyCollection(verts, facecolors=colour(w), linewidths=0,
-                                         alpha=0.55 if w == "cpu" else 1.0))
-    handles = [Patch(color=colour(w), label=w) for w in whats]
+    on: list[tuple[int, int, int]] = []
     if path_rel is not None:
-        segs = path_rel.filter(f"step = {choice.step}").project(
-            "rank, track_id, start_ns, end_ns").fetchnumpy()
-        on = [(index.get((int(r), int(t))), a, b) for r, t, a, b in zip(
-            segs["rank"], segs["track_id"], segs["start_ns"], segs["end_ns"], strict=True)
-            if r is not None and t is not None and (int(r), int(t)) in index]
-        if on:  # the path: a black line under the lane it ran on, one artist for all
-            ax.add_collection(LineCollection(
-                [[(ms(a), i + 0.42), (ms(b), i + 0.42)] for i, a, b in on], colors="black",
-                linewidths=2.2, capstyle="butt"))
-            handles.append(Patch(color="black", label="critical path"))
-    ax.set_xlim(0, (choice.end_ns - choice.start_ns) / 1e6)
-    ax.set_ylim(len(lanes) - 0.5, -0.5)
-    ax.set_yticks(range(len(lanes)), [f"rank {r} · {n}"[:48] for r, _, _, n in lanes],
-                  fontsize=8)
-    ax.set_xlabel(f"ms since the start of job step {choice.step}")
+        segs = path_rel.filter(f"step = {choice.step} AND rank IS NOT NULL AND "
+                               "track_id IS NOT NULL").project(
+            "rank, track_id, start_ns, end_ns").fetchall()
+        on = [(index[(r, t)], a, b) for r, t, a, b in segs if (r, t) in index]
+    path = np.array(on, dtype=np.int64).reshape(-1, 3)
     shown = " and ".join(f"rank {r}" for r in choice.ranks)
-    ax.set_title(f"{job}: step {choice.step} (the median step), {shown}"
-                 + (f" (the slowest: {choice.why})" if len(choice.ranks) > 1 else ""),
-                 fontsize=10)
-    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=8)
-    fig.savefig(out, bbox_inches="tight")
-    return fig
+    return {"lane": bars["lane"].astype(float), "x0": ms(bars["a"]), "x1": ms(bars["b"]),
+            "depth": np.asarray(bars["depth"]), "what": np.asarray(bars["what"], dtype=str),
+            "lanes": [(r, n) for r, _, n in lanes],
+            "path_lane": path[:, 0].astype(float), "path_x0": ms(path[:, 1]),
+            "path_x1": ms(path[:, 2]), "span_ms": (choice.end_ns - choice.start_ns) / 1e6,
+            "xlabel": f"ms since the start of job step {choice.step}",
+            "title": f"{job}: step {choice.step} (the median step), {shown}"
+                     + (f" (the slowest: {choice.why})" if len(choice.ranks) > 1 else "")}

@@ -122,8 +122,8 @@ def test_chart_names_are_short_and_tell_kernels_apart() -> None:
 def test_one_palette_a_kind_keeps_its_colour() -> None:
     """A critical-path kind's colour does not depend on which other kinds a path has (it did:
     colours were assigned by position among the kinds present)."""
+    from tracetool.analysis.charts import BREAKDOWN_PARTS
     from tracetool.analysis.critical_path import SEGMENT_KINDS
-    from tracetool.analysis.report import BREAKDOWN_PARTS
     from tracetool.palette import colour
     from tracetool.replay.plots import PARTS
 

@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 import duckdb
 
+from tracetool.analysis.charts import ChartError
 from tracetool.analysis.report import StoreError, first_line, make_report, open_job, to_json
 from tracetool.analysis.windows import use_windows
 from tracetool.cli._job import window_options, windows_of
@@ -55,6 +56,8 @@ def report_command(store: Path, out: Path, job: str | None, as_json: bool,
             _fail(str(err), code=2)
         except (duckdb.Error, OSError) as err:
             _fail(f"{store}: {first_line(err)}")
+        except ChartError as err:
+            _fail(f"{out}: a chart could not be drawn: {first_line(err)}")
     click.echo(to_json(report.summary) if as_json else report.text(), nl=as_json)
     for warning in report.summary.get("warnings", []):  # also in the report and its JSON
         click.echo(f"tracetool: warning: {warning}", err=True)
