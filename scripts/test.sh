@@ -9,4 +9,4 @@ if ! command -v chromium >/dev/null && [ "$(id -u)" = 0 ] && command -v apt-get 
     >/dev/null 2>&1 || echo "note: could not install chromium; the browser test will be skipped"
 fi
 .venv/bin/ruff check .
-.venv/bin/python -m pytest -q "$@"
+.venv/bin/python -m pytest -q --durations=30 "$@"  # the slowest tests: what to trim when CI grows
