@@ -17,9 +17,12 @@ than its memory holds.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import ModuleType
+
+from tracetool.errors import InputError
+from tracetool.ray_cluster import ray_cluster
 
 from .build import build_file
 from .options import FileResult, Options, UsageProblem
@@ -40,16 +43,14 @@ def ray_builds(files: list[Path], opts: Options, stored: list[StoredFile],
     """(work dir, built result) of each file, in input order, built by Ray tasks. Closing
     the iterator early (an error, Ctrl-C) cancels the tasks still running."""
     try:
-        import ray
-    except ImportError:
-        raise UsageProblem("--executor ray needs Ray: pip install 'tracetool[ray]'") from None
-    started = not ray.is_initialized()
-    if started:
-        address = os.environ.get("RAY_ADDRESS") or None
-        # a cluster of its own serves this machine only: it listens on 127.0.0.1
-        local = {} if address else {"_node_ip_address": "127.0.0.1"}
-        ray.init(address=address, include_dashboard=False, log_to_driver=False,
-                 logging_level="warning", **local)
+        with ray_cluster() as ray:
+            yield from _builds_on(ray, files, opts, stored, new_workdir)
+    except InputError as err:  # Ray is not installed
+        raise UsageProblem(str(err)) from None
+
+
+def _builds_on(ray: ModuleType, files: list[Path], opts: Options, stored: list[StoredFile],
+               new_workdir: Callable[[], Path]) -> Iterator[tuple[Path, FileResult]]:
     task = ray.remote(num_cpus=1, memory=TASK_MEMORY, max_retries=0)(_build_task)
     workdirs = [new_workdir() for _ in files]
     refs = [task.remote(str(f), opts, str(wd), stored) for f, wd in zip(files, workdirs,
@@ -68,5 +69,3 @@ def ray_builds(files: list[Path], opts: Options, stored: list[StoredFile],
     finally:
         for ref in refs[done:]:
             ray.cancel(ref, force=True)
-        if started:
-            ray.shutdown()

@@ -84,3 +84,58 @@ def test_ray_missing_is_a_usage_error(tmp_path: Path, monkeypatch: pytest.Monkey
     code, _, err = run("ingest", f, "--store", tmp_path / "s", "--executor", "ray")
     assert code == 2 and "--executor ray needs Ray: pip install 'tracetool[ray]'" in err
     assert not (tmp_path / "s" / "data").exists()
+
+
+@pytest.fixture(scope="module")
+def dlrm_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    if not DLRM.is_dir():
+        pytest.skip(f"corpus not found: {DLRM}")
+    store = tmp_path_factory.mktemp("dlrm") / "store"
+    code, _, err = run("ingest", DLRM, "--store", store, "--job", "dlrm")
+    assert code == 0, err
+    return store
+
+
+def test_report_per_rank_tasks_on_ray_give_the_same_report(dlrm_store: Path,
+                                                           tmp_path: Path) -> None:
+    """``report --executor ray``: step breakdown, kernel and op summaries as one Ray task per
+    rank (analysis/per_rank.py), gathered on the driver: the same report, number for number,
+    as the plain views give, on a cluster the test starts."""
+    store = dlrm_store
+    q = shlex.quote
+    r = in_netns(f"""
+        ray start --head --node-ip-address=127.0.0.1 --port=6399 --num-cpus=2 \\
+            --include-dashboard=false --disable-usage-stats > /dev/null 2>&1 || exit 9
+        RAY_ADDRESS=127.0.0.1:6399 tracetool report {q(str(store))} --out {q(str(tmp_path))}/r \\
+            --executor ray --json
+        code=$?
+        ray stop > /dev/null 2>&1
+        exit $code""")
+    assert r.returncode == 0, r.stderr[-2000:]
+    code, local, err = run("report", store, "--out", tmp_path / "l", "--json")
+    assert code == 0, err
+    on_ray, local = json.loads(r.stdout), json.loads(local)
+    assert len(on_ray["breakdown"]) == 8 and on_ray["top"]["what"] == "kernels"
+    assert on_ray.pop("per_rank_tasks") == 8 and local.pop("per_rank_tasks") is None
+    for doc in (on_ray, local):
+        doc.pop("files")
+    assert on_ray == local
+
+
+def test_per_rank_rows_equal_the_views(dlrm_store: Path) -> None:
+    """What one task returns is exactly the view's rows of its rank (no Ray needed)."""
+    import duckdb
+
+    from tracetool.analysis.connect import connect
+    from tracetool.analysis.per_rank import PER_RANK_VIEWS, rank_views
+    from tracetool.analysis.windows import Windows
+
+    store = dlrm_store
+    con = connect(store, duckdb.connect())
+    for rank in (0, 5):
+        got = rank_views(str(store), "dlrm", rank, Windows())
+        for v in PER_RANK_VIEWS:
+            want = con.sql(f"SELECT * FROM {v} WHERE job = 'dlrm' AND rank = {rank}")
+            assert got[v].num_rows == len(want.fetchall()) > 0, v
+            assert sorted(got[v].to_pylist(), key=str) == sorted(
+                want.to_arrow_table().to_pylist(), key=str), v

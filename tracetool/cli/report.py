@@ -9,6 +9,7 @@ import click
 import duckdb
 
 from tracetool.analysis.charts import ChartError
+from tracetool.analysis.per_rank import RankTaskError, gather_on_ray
 from tracetool.analysis.report import StoreError, first_line, make_report, open_job, to_json
 from tracetool.analysis.windows import use_windows
 from tracetool.cli._job import window_options, windows_of
@@ -28,9 +29,13 @@ from tracetool.errors import InputError
 @click.option("--include-incomplete", is_flag=True,
               help="Also the incomplete steps (cut by the trace window, open, or missing on "
                    "some ranks; docs/steps.md) in the statistics and the critical path.")
+@click.option("--executor", type=click.Choice(["local", "ray"]), default="local",
+              show_default=True,
+              help="ray: the per-rank analyses (step breakdown, kernel and op summaries) as "
+                   "one Ray task per rank on the cluster RAY_ADDRESS names (else a local one).")
 def report_command(store: Path, out: Path, job: str | None, as_json: bool,
                    annotation: str | None, instance: int | None, window: str | None,
-                   include_incomplete: bool) -> None:
+                   include_incomplete: bool, executor: str) -> None:
     """Summarise one job of STORE: step times per rank, where a step goes (compute, exposed
     communication, memcpy, idle), the top kernels (top CPU ops for a CPU-only job), the
     collectives and how long ranks waited at them, and the critical path when
@@ -50,12 +55,16 @@ def report_command(store: Path, out: Path, job: str | None, as_json: bool,
     with con:
         try:
             use_windows(con, job, windows)
+            tasks = gather_on_ray(con, store, job, windows) if executor == "ray" else None
             report = make_report(con, job, out, store=store,
                                  include_incomplete=include_incomplete, windows=windows.label)
+            report.summary["per_rank_tasks"] = tasks  # Ray tasks of the per-rank analyses
         except InputError as err:
             _fail(str(err), code=2)
         except (duckdb.Error, OSError) as err:
             _fail(f"{store}: {first_line(err)}")
+        except RankTaskError as err:
+            _fail(f"{store}: {err}")
         except ChartError as err:
             _fail(f"{out}: a chart could not be drawn: {first_line(err)}")
     click.echo(to_json(report.summary) if as_json else report.text(), nl=as_json)
