@@ -161,23 +161,43 @@ def _save(fig: Any, path: Path) -> None:
     fig.savefig(path, bbox_inches="tight")
 
 
+MOST_LABELS = 40  # tick labels on an axis of ranks; more would overlap (1,024-rank jobs)
+MOST_INCHES = 14.0  # a chart's height: beyond it, lanes get thinner rather than the PNG taller
+
+
+def _every(n: int, most: int = MOST_LABELS) -> list[int]:
+    """Positions 0..n-1 to label: all of them, or every k-th so that at most ``most``."""
+    return list(range(0, n, max(1, -(-n // most))))
+
+
 def draw_breakdown(job: str, breakdown: list[dict[str, Any]], cpu_only: bool,
                    path: Path) -> None:
-    """Stacked bar per rank: mean step split into compute / exposed comm / memcpy / idle."""
-    fig = _figure(min(20, max(7, 0.6 * len(breakdown) + 3)), 5)
+    """Stacked bar per rank: mean step split into compute / exposed comm / memcpy / idle
+    (one polygon collection per part: a bar per patch would take seconds at 1,024 ranks)."""
+    from matplotlib.collections import PolyCollection
+    from matplotlib.patches import Patch
+
+    n = len(breakdown)
+    fig = _figure(min(20, max(7, 0.6 * n + 3)), 5)
     ax = fig.add_subplot()
-    x = list(range(len(breakdown)))
-    bottom = [0.0] * len(breakdown)
+    x = np.arange(n, dtype=float)
+    bottom = np.zeros(n)
+    half = 0.35 if n <= 100 else 0.5  # many ranks: bars that touch, no sub-pixel gaps
     for key, label, fill in BREAKDOWN_PARTS:
-        ms = [max(0, r[key] or 0) / 1e6 for r in breakdown]
-        ax.bar(x, ms, bottom=bottom, label=label, color=fill, width=0.7)
-        bottom = [b + v for b, v in zip(bottom, ms, strict=True)]
-    ax.set_xticks(x, [f"rank {r['rank']}" for r in breakdown],
-                  rotation=45 if len(breakdown) > 12 else 0)
+        ms = np.array([max(0, r[key] or 0) / 1e6 for r in breakdown])
+        ax.add_collection(PolyCollection(_rectangles(x - half, x + half, bottom, bottom + ms),
+                                         facecolors=fill, linewidths=0, label=label))
+        bottom = bottom + ms
+    ax.set_xlim(-0.6, n - 0.4)
+    ax.set_ylim(0, max(float(bottom.max(initial=0)), 1e-9) * 1.05)
+    shown = _every(n)
+    ax.set_xticks(shown, [f"rank {breakdown[i]['rank']}" for i in shown],
+                  rotation=45 if len(shown) > 12 else 0)
     ax.set_ylabel("ms per step (mean)")
     ax.set_title(f"{job}: where a step goes"
                  + (" (CPU-only: compute = CPU ops, comm = gloo)" if cpu_only else ""))
-    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1))
+    ax.legend(handles=[Patch(color=fill, label=label) for _, label, fill in BREAKDOWN_PARTS],
+              loc="upper left", bbox_to_anchor=(1.01, 1))
     _save(fig, path)
 
 
@@ -210,11 +230,13 @@ def draw_top(job: str, top: dict[str, Any], path: Path) -> None:
 def draw_skew(job: str, ranks: list[int], grid: np.ndarray, path: Path) -> None:
     """Heatmap of ranks x collective instances (in time order); colour = how long the rank
     waited for the last one to arrive (ms; NaN where the rank has no call)."""
-    fig = _figure(min(20, max(7, 0.25 * grid.shape[1] + 3)), max(3, 0.35 * len(ranks) + 2))
+    fig = _figure(min(20, max(7, 0.25 * grid.shape[1] + 3)),
+                  min(MOST_INCHES, max(3, 0.35 * len(ranks) + 2)))
     ax = fig.add_subplot()
     im = ax.imshow(np.ma.masked_invalid(grid), aspect="auto", cmap="viridis",
                    interpolation="nearest")
-    ax.set_yticks(range(len(ranks)), [f"rank {r}" for r in ranks])
+    shown = _every(len(ranks))
+    ax.set_yticks(shown, [f"rank {ranks[i]}" for i in shown])
     ax.set_xlabel("collective instance, in order of first arrival")
     ax.set_title(f"{job}: wait at collectives (last arrival - own arrival)")
     fig.colorbar(im, ax=ax, label="wait (ms)")
@@ -236,7 +258,7 @@ def draw_critical_path(bars: dict[str, Any], job: str, out: Path) -> None:
     from matplotlib.patches import Patch
 
     ranks, kinds = bars["ranks"], bars["kinds"]
-    fig = _figure(12, max(3, 0.5 * len(ranks) + 2))
+    fig = _figure(12, min(MOST_INCHES, max(3, 0.5 * len(ranks) + 2)))
     ax = fig.add_subplot()
     colours = [colour(k) for k in kinds]  # one palette: a kind's colour never moves
     x0, x1 = bars["start_ns"] / 1e6, (bars["start_ns"] + bars["dur_ns"]) / 1e6
@@ -250,8 +272,9 @@ def draw_critical_path(bars: dict[str, Any], job: str, out: Path) -> None:
     ax.autoscale_view()
     for start in bars["steps_ns"][1:]:
         ax.axvline(start / 1e6, color="black", linestyle=":", linewidth=0.8)
-    ax.set_yticks(range(len(ranks)),
-                  ["no rank" if r is None else f"rank {r}" for r in ranks])
+    shown = _every(len(ranks))
+    ax.set_yticks(shown, ["no rank" if ranks[i] is None else f"rank {ranks[i]}"
+                          for i in shown])
     ax.set_xlabel("ms since the path's start (dotted: a new step begins)")
     ax.set_title(f"{job}: critical path")
     ax.legend(handles=[Patch(color=c, label=k) for k, c in zip(kinds, colours, strict=True)],

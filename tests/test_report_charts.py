@@ -80,3 +80,21 @@ def test_report_cli_draws_every_chart_it_lists(store: Path, tmp_path: Path) -> N
                                       "step_timeline.png"}
     for p in pngs:
         assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and p.stat().st_size > 5_000
+
+
+def test_charts_of_1024_ranks_stay_readable_sizes(tmp_path: Path) -> None:
+    """A 1,024-rank job: the skew chart is not 360 inches tall and neither axis of ranks
+    carries 1,024 overlapping labels (every k-th rank is labelled)."""
+    from PIL import Image
+
+    from tracetool.analysis.charts import MOST_INCHES, MOST_LABELS, _every, draw_breakdown
+
+    rows = [{"rank": r, "compute_ns": 1e6, "exposed_comm_ns": 2e5, "exposed_memcpy_ns": 0,
+             "idle_ns": 1e5} for r in range(1024)]
+    draw_breakdown("j", rows, False, tmp_path / "b.png")
+    draw_skew("j", list(range(1024)), np.random.default_rng(0).random((1024, 15)),
+              tmp_path / "s.png")
+    assert Image.open(tmp_path / "s.png").size[1] <= MOST_INCHES * 100 + 100
+    assert Image.open(tmp_path / "b.png").size[0] <= 20 * 100 + 300
+    shown = _every(1024)
+    assert len(shown) <= MOST_LABELS and shown[:2] == [0, 26] and _every(8) == list(range(8))
