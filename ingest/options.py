@@ -16,7 +16,7 @@ class UsageProblem(ValueError):
 
 @dataclass
 class Options:
-    store: Path
+    store: Path | str  # a directory, or an object store URL (s3://bucket/prefix)
     job: str | None = None
     rank: int | None = None
     force: bool = False

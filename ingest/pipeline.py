@@ -18,12 +18,15 @@ from concurrent.futures import Future
 from dataclasses import replace
 from pathlib import Path
 
+from tracetool.errors import StoreError
+from tracetool.objstore import CommitConflict
+
 from . import decode
 from .build import build_file
 from .options import TRACE_SUFFIXES, FileResult, Options, UsageProblem
 from .shard import Stage, shard_files
 from .source import is_gzip
-from .store import JOB_NAME, MAX_JOB_NAME, Store, StoredFile
+from .store import JOB_NAME, MAX_JOB_NAME, ObjectStoreWriter, Store, StoredFile, open_store
 from .workers import Workers
 
 __all__ = ["FileResult", "Options", "UsageProblem", "ingest"]
@@ -147,7 +150,11 @@ def ingest(
                                "from its files")
         files = shard_files(files, opts.shard)
     opts = replace(opts, job=job, single_file=len(files) == 1 and opts.shard is None)
-    store = Store(opts.store)
+    store = open_store(opts.store)
+    if opts.shard is not None and isinstance(store, ObjectStoreWriter):
+        raise StoreError(f"{store.root}: --shard (and tracetool commit) need a directory "
+                         "store; on an object store run each task's ingest without --shard: "
+                         "every rank's commit is atomic and concurrent commits merge")
     store.create()
     store.check_format()
     with store.lock():
@@ -258,11 +265,12 @@ def _local_builds(files: list[Path], opts: Options, stored: list[StoredFile], wo
             yield wd, build_file(f, opts, wd, stored, workers, prog)
 
 
-def commit_built(r: FileResult, store: Store, stored: list[StoredFile],
+def commit_built(r: FileResult, store: Store | ObjectStoreWriter, stored: list[StoredFile],
                  committed: dict[int, str], force: bool, stage: Stage | None = None
                  ) -> FileResult:
-    """Rename a built partition into the store unless its (job, rank) is taken (the caller
-    holds the lock); with ``stage``, check the same and stage it for ``tracetool commit``."""
+    """Move a built partition into the store unless its (job, rank) is taken (the caller
+    holds the lock); with ``stage``, check the same and stage it for ``tracetool commit``.
+    An object store has no lock: its commit checks again on the store as it is then."""
     if r.status != "built" or r.rank is None or r.job is None:
         return r
     if r.rank in committed:
@@ -271,26 +279,42 @@ def commit_built(r: FileResult, store: Store, stored: list[StoredFile],
                      "this ingest; pass the files separately with --rank or --job, or, for "
                      "unrelated single-rank traces, --job-per-file")
         return r
-    same = [s for s in stored if s.job == r.job and s.sha256 == r.sha256]
-    if same and not force:  # committed by another ingest since this one began
-        s = same[0]
-        r.status, r.rank, r.built = "skipped", s.rank, ""
-        r.message = (f"already ingested as job {s.job} rank {s.rank} (same sha256, by "
-                     "another ingest); use --force to re-ingest")
+    if not _may_commit(r, stored, force):
         return r
-    clash = [s for s in stored if s.job == r.job and s.rank == r.rank]
-    if clash and not force:
-        r.status = "error"
-        r.message = (f"job {r.job} rank {r.rank} already holds {clash[0].file_name} "
-                     "(different content); use --force to replace it, or --job")
-        return r
-    committed[r.rank] = Path(r.path).name
+    rank = r.rank
+    committed[rank] = Path(r.path).name
     if stage is not None:
         stage.add(r.rank, Path(r.built))
         r.status, r.built = "staged", ""
         i, n = stage.shard
         r.message = f"shard {i} of {n}: publish with `tracetool commit STORE --job {r.job}`"
         return r
-    store.commit(r.job, r.rank, Path(r.built))
+    try:
+        done = store.commit(r.job, r.rank, Path(r.built),
+                            recheck=lambda now: _may_commit(r, now, force))
+    except CommitConflict as err:  # lost a race for this rank to another writer
+        done, r.status, r.message = False, "error", str(err)
+    if not done:
+        del committed[rank]
+        return r
     r.status, r.built = "ingested", ""
     return r
+
+
+def _may_commit(r: FileResult, stored: list[StoredFile], force: bool) -> bool:
+    """Whether the store as ``stored`` says lets ``r`` be committed; if not, ``r`` is made
+    the skip (same bytes already stored) or the error (the rank holds another file)."""
+    same = [s for s in stored if s.job == r.job and s.sha256 == r.sha256]
+    if same and not force:  # committed by another ingest since this one began
+        s = same[0]
+        r.status, r.rank, r.built = "skipped", s.rank, ""
+        r.message = (f"already ingested as job {s.job} rank {s.rank} (same sha256, by "
+                     "another ingest); use --force to re-ingest")
+        return False
+    clash = [s for s in stored if s.job == r.job and s.rank == r.rank]
+    if clash and not force:
+        r.status = "error"
+        r.message = (f"job {r.job} rank {r.rank} already holds {clash[0].file_name} "
+                     "(different content); use --force to replace it, or --job")
+        return False
+    return True

@@ -5,25 +5,35 @@ directory under ``STORE/.tmp/`` (same file system) and moves it into place under
 lock (``lock.py``): a new rank by one rename, a replaced one by one atomic exchange of the two
 directories (``renameat2(RENAME_EXCHANGE)``), so a reader sees the old partition or the new
 one, never neither and never a mix, and a crash at any point leaves one of them in place.
+
+A store on object storage (``s3://bucket/prefix``, ``ObjectStoreWriter``) has no rename: each
+rank is built in a local work directory, uploaded under fresh object names, and published by
+a new job manifest and a conditional swap of the store's pointer (``tracetool.objstore``).
+``open_store`` gives the one or the other; the ingest pipeline uses both alike.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import json
 import os
 import re
 import shutil
+import tempfile
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pyarrow.parquet as pq
 
+from tracetool import objstore
 from tracetool.errors import StoreError
-from tracetool.store_views import STORE_FORMAT, check_format
+from tracetool.store_views import STORE_FORMAT, StoreFormatError, check_format
 
 from .lock import StoreLock, owner_gone, owner_tag
 from .options import UsageProblem
@@ -143,15 +153,17 @@ class Store:
         return [StoredFile(job, rank, r["path"], r["file_name"], r["sha256"], r["bytes"])
                 for r in t]
 
-    def commit(self, job: str, rank: int, built: Path) -> None:
+    def commit(self, job: str, rank: int, built: Path,
+               recheck: Callable[[list[StoredFile]], bool] | None = None) -> bool:
         """Move a fully written partition into place, replacing any old one atomically.
-        The caller holds the lock."""
+        The caller holds the lock (so what it checked is what the store holds: ``recheck``
+        is for stores without one). Returns True: committed."""
         self._write_format()
         target = self.partition(job, rank)
         target.parent.mkdir(parents=True, exist_ok=True)
         if not target.exists():
             built.rename(target)
-            return
+            return True
         try:
             exchange(built, target)  # built now holds the old partition
             old = built.rename(self.tmp / f"{owner_tag()}-old-{uuid.uuid4().hex}")
@@ -161,6 +173,7 @@ class Store:
             old = self._replace(built, target)
         self._retired.append((time.monotonic(), old))
         self.remove_retired(wait=False)
+        return True
 
     def remove_retired(self, wait: bool = True) -> None:
         """Delete replaced partitions once RETIRE_GRACE_S old (a query that listed their
@@ -192,6 +205,178 @@ class Store:
 
     def cleanup(self, workdir: Path) -> None:
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+def open_store(location: Path | str) -> Store | ObjectStoreWriter:
+    """The store a ``--store`` names: a directory, or ``s3://bucket/prefix``."""
+    loc = objstore.parse_location(location)
+    return Store(loc) if isinstance(loc, Path) else ObjectStoreWriter(loc)
+
+
+class ObjectStoreWriter:
+    """A store on object storage, as the ingest pipeline uses a ``Store``: ranks are built in
+    a local temporary directory, uploaded under fresh names (``If-None-Match: *``: a
+    published object is never overwritten) and published by a new job manifest and a
+    conditional pointer swap (``ObjectStore.commit_job``). No lock: two writers are
+    serialised by the swap, and a loser retries when the winner changed other ranks or
+    other jobs, and fails (``CommitConflict``) when it committed the same rank."""
+
+    def __init__(self, location: objstore.ObjectLocation) -> None:
+        self.location = location
+        self.root = location.url  # what messages name
+        self.remote = objstore.ObjectStore(location)
+        # this host's work directories, one folder per user
+        self.tmp = Path(tempfile.gettempdir()) / f"tracetool-work-{os.getuid()}"
+        self._seen: objstore.Snapshot | None = None  # what the last stored_files() read
+        self._read = False  # whether _seen was read
+        self._retired: list[tuple[float, list[str]]] = []  # (when, superseded keys)
+
+    def create(self) -> None:
+        """Check the bucket can be reached and read (a one-line StoreError otherwise)."""
+        self._seen, self._read = self.remote.snapshot(), True
+        try:
+            self.tmp.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            raise StoreError(f"{self.tmp}: cannot write the work directory of an ingest: "
+                             f"{err.strerror or err}") from None
+
+    def check_format(self) -> None:
+        snap = self._seen if self._read else self.remote.snapshot()
+        if snap is not None and snap.format != STORE_FORMAT:
+            raise StoreFormatError(f"{self.root}: store format {snap.format}, this tracetool "
+                                   f"writes format {STORE_FORMAT}: ingest into a new store")
+
+    def lock(self) -> contextlib.AbstractContextManager[None]:
+        """No lock: the pointer's conditional swap serialises commits."""
+        return contextlib.nullcontext()
+
+    def new_workdir(self) -> Path:
+        d = self.tmp / f"{owner_tag()}-{uuid.uuid4().hex}"
+        d.mkdir(parents=True)
+        return d
+
+    def reclaim(self) -> list[str]:
+        """Remove the work directories of dead ingests on this host."""
+        removed = []
+        for entry in sorted(self.tmp.iterdir()) if self.tmp.is_dir() else []:
+            if owner_gone(entry.name):
+                shutil.rmtree(entry, ignore_errors=True)
+                removed.append(entry.name)
+        return removed
+
+    def stored_files(self) -> list[StoredFile]:
+        """What the store holds, from its manifests (one GET of the pointer, and one per job
+        manifest not read before); remembered as the state a commit is checked against."""
+        self._seen, self._read = self.remote.snapshot(), True
+        return _stored_of(self._seen)
+
+    def commit(self, job: str, rank: int, built: Path,
+               recheck: Callable[[list[StoredFile]], bool] | None = None) -> bool:
+        """Upload a built partition and publish it in a new manifest of ``job``. The rank
+        must still be as the last ``stored_files()`` saw it (else CommitConflict: another
+        writer committed it meanwhile); when only other ranks or jobs changed, ``recheck``
+        (the caller's rules, on the store as it is now) decides again: False abandons the
+        commit (returned). The uploaded files are deleted when nothing is published."""
+        base = self._seen.rank(job, rank) if self._seen else None
+        one_part_per_table(built)
+        commit = f"{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:16]}"
+        entry, paths = objstore.rank_entry(job, rank, built, commit, _trace_files(built))
+        uploaded: list[str] = []
+        abandoned = False
+
+        def change(now: objstore.Snapshot) -> dict[str, Any]:
+            nonlocal abandoned
+            current = now.rank(job, rank)
+            if (current or {}).get("commit") != (base or {}).get("commit"):
+                raise objstore.CommitConflict(
+                    f"job {job} rank {rank} was committed by another writer while this one "
+                    "uploaded it (nothing of this file was published): ingest it again, "
+                    "with --force to replace that rank")
+            if recheck is not None and not recheck(_stored_of(now)):
+                abandoned = True
+                raise objstore.CommitConflict("abandoned")
+            ranks = dict(now.manifests.get(job, {}).get("ranks", {}))
+            ranks[str(rank)] = entry
+            return ranks
+
+        try:
+            for p, f in zip(paths, entry["files"], strict=True):
+                self.remote.upload(p, f["key"])
+                uploaded.append(f["key"])
+            empty = objstore.Snapshot(None, {"format": STORE_FORMAT, "jobs": {}})
+            before, _ = self.remote.commit_job(  # first against what stored_files() read
+                job, STORE_FORMAT, change, start=(self._seen or empty) if self._read else None)
+        except BaseException as err:
+            if isinstance(err, Exception):  # a kill leaves orphans (ObjectStore.orphans)
+                self.remote.delete(uploaded)
+            if abandoned:
+                return False
+            raise
+        if job in before.pointer.get("jobs", {}):  # a reader that misses it reads again
+            self.remote.delete([before.pointer["jobs"][job]])
+        old = before.rank(job, rank)
+        if old:  # replaced (--force): readers fetching it get a grace
+            self._retired.append((time.monotonic(), [f["key"] for f in old["files"]]))
+            self.remove_retired(wait=False)
+        return True
+
+    def remove_retired(self, wait: bool = True) -> None:
+        """Delete replaced ranks' files once RETIRE_GRACE_S old (a reader that read the old
+        manifest can still fetch them)."""
+        keep = []
+        for when, keys in self._retired:
+            left = when + RETIRE_GRACE_S - time.monotonic()
+            if left > 0 and wait:
+                time.sleep(left)
+            elif left > 0:
+                keep.append((when, keys))
+                continue
+            self.remote.delete(keys)
+        self._retired = keep
+
+    def cleanup(self, workdir: Path) -> None:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def one_part_per_table(built: Path) -> None:
+    """Merge each table's parts (events and flows have one per decoded piece: ~130 for a
+    1 GB trace) into one file, row group by row group in order (bounded memory, the rows'
+    order kept), written as ingest writes them: a rank is then one object per table."""
+    from .finish import DICTIONARY_COLUMNS
+
+    for table in sorted(d for d in built.iterdir() if d.is_dir()):
+        parts = sorted(table.glob("*.parquet"))
+        if len(parts) < 2:
+            continue
+        merged = table / ".merged.parquet"
+        schema = pq.read_schema(parts[0])
+        dictionary = [c for c in DICTIONARY_COLUMNS if c in schema.names]
+        with pq.ParquetWriter(merged, schema, compression="zstd",
+                              use_dictionary=dictionary) as w:
+            for p in parts:
+                f = pq.ParquetFile(p)
+                for i in range(f.num_row_groups):
+                    w.write_table(f.read_row_group(i))
+        for p in parts:
+            p.unlink()
+        merged.rename(table / "part-0.parquet")
+
+
+def _trace_files(built: Path) -> list[dict[str, Any]]:
+    """The trace_files rows of a built partition, as a manifest keeps them."""
+    rows = []
+    for f in sorted(built.glob("trace_files/*.parquet")):
+        rows += pq.read_table(f, columns=["path", "file_name", "sha256", "bytes"]).to_pylist()
+    return rows
+
+
+def _stored_of(snap: objstore.Snapshot | None) -> list[StoredFile]:
+    if snap is None:
+        return []
+    return [StoredFile(job, int(rank), t["path"], t["file_name"], t["sha256"], t["bytes"])
+            for job, man in sorted(snap.manifests.items())
+            for rank, entry in sorted(man.get("ranks", {}).items(), key=lambda kv: int(kv[0]))
+            for t in entry.get("trace_files", [])]
 
 
 _RENAME_EXCHANGE = 2

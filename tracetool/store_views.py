@@ -10,6 +10,11 @@ in-memory and temporary tables, and writes under the directories the caller allo
 since the store's files are on the allow-list, a COPY aimed at one of them that skips
 DuckDB's temporary file (USE_TMP_FILE false) or deletes its target first (OVERWRITE), which
 ``tracetool sql`` refuses before running the query.
+
+A store on object storage (``s3://bucket/prefix``) is opened the same way: ``store_files`` is
+the one place that knows where a store's files are (a local directory listed, or an object
+store's manifests read and their files fetched into the local cache, ``tracetool.objstore``),
+and the views are the same ``read_parquet`` over the same kind of explicit local list.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from pathlib import Path
 
 import duckdb
 
+from tracetool import objstore
 from tracetool.errors import StoreError
 from tracetool.schema import TABLES, TABLES_BY_NAME
 from tracetool.sqltext import exact_path, list_literal, literal, path_list
@@ -34,11 +40,39 @@ HIVE = ("hive_partitioning = true, "
         "hive_types = {'job': VARCHAR, 'rank': INTEGER}")
 
 
+def store_files(store: Path | str) -> dict[str, list[Path]]:
+    """Every table's Parquet files over all jobs and ranks, as local files in ``job=J/rank=R``
+    directories (hive partitions), sorted: the one place that knows where a store keeps them.
+
+    A local store's ``data/job=*/rank=*/TABLE/*.parquet`` is listed (in Python, so a store
+    path is never a DuckDB glob). An object store is never listed: its pointer and job
+    manifests are read (one GET each) and the files they name are fetched into the local
+    cache once (``objstore.local_copies``); FileNotFoundError when it holds no pointer,
+    StoreFormatError for another format."""
+    if not objstore.is_object_store(store):
+        return {t.name: table_files(store, t.name) for t in TABLES}
+    loc = objstore.parse_location(store)
+    files = objstore.current_files(objstore.ObjectStore(loc),
+                                   lambda snap: _check_format_value(snap.format, loc))
+    if files is None:
+        raise FileNotFoundError(f"{loc}: not a tracetool store (no {objstore.POINTER})")
+    return {t.name: files.get(t.name, []) for t in TABLES}
+
+
 def table_files(store: Path | str, table: str) -> list[Path]:
-    """Every Parquet part of one table over all jobs and ranks, sorted: the one place that
-    knows the layout ``data/job=*/rank=*/TABLE/*.parquet`` (listed in Python, so a store path
-    is never a DuckDB glob)."""
-    return sorted((Path(store).resolve() / "data").glob(f"job=*/rank=*/{table}/*.parquet"))
+    """Every Parquet part of one table over all jobs and ranks, sorted: where a local store's
+    layout is known (an object store's files are ``store_files``')."""
+    loc = objstore.parse_location(store)
+    if isinstance(loc, Path):
+        return sorted((loc.resolve() / "data").glob(f"job=*/rank=*/{table}/*.parquet"))
+    return store_files(store)[table]
+
+
+def local_root(store: Path | str) -> Path:
+    """The local directory that holds the store's files DuckDB reads: a local store's own,
+    or the cache an object store's files are fetched into."""
+    loc = objstore.parse_location(store)
+    return loc.resolve() if isinstance(loc, Path) else objstore.cache_root().resolve()
 
 
 def table_sql(store: Path | str, table: str, files: Sequence[Path] | None = None) -> str:
@@ -55,8 +89,9 @@ def table_sql(store: Path | str, table: str, files: Sequence[Path] | None = None
 def writable_dirs(store: Path | str, allow_writes: Iterable[Path | str]) -> list[str]:
     """The spellings DuckDB must allow for writes under ``allow_writes`` (each as written,
     absolute, and with symlinks resolved); ValueError for a directory that holds the store
-    or lies inside it, since writes there could change the store."""
-    root = Path(store).resolve()
+    or lies inside it, since writes there could change the store (for an object store: the
+    cache of its local copies)."""
+    root = local_root(store)
     out: list[str] = []
     for d in allow_writes:
         real = Path(d).resolve()
@@ -97,8 +132,7 @@ def lockdown_sql(files: Iterable[Path], write_dirs: Sequence[str] = ()) -> str:
 def setup_sql(store: Path | str, allow_writes: Iterable[Path | str] = ()) -> str:
     """SQL that opens the store read-only and defines a view per table (what
     ``connect_store`` runs; for the DuckDB CLI too)."""
-    store = Path(store).resolve()
-    files = {t.name: table_files(store, t.name) for t in TABLES}
+    files = store_files(store)
     guard = lockdown_sql((f for fs in files.values() for f in fs),
                          writable_dirs(store, allow_writes))
     views = (f"CREATE OR REPLACE VIEW {t.name} AS SELECT * FROM "
@@ -119,13 +153,22 @@ class StoreFormatError(StoreError):
 
 def check_format(store: Path | str) -> None:
     """Raise StoreFormatError unless ``store`` (which has data) is of STORE_FORMAT."""
-    f = Path(store) / "format.json"
+    loc = objstore.parse_location(store)
+    if not isinstance(loc, Path):  # an object store's format is its pointer's
+        snap = objstore.ObjectStore(loc).snapshot()
+        _check_format_value(snap.format if snap else STORE_FORMAT, loc)
+        return
+    f = loc / "format.json"
     try:
         fmt = json.loads(f.read_text()).get("format")
     except FileNotFoundError:
         fmt = None
     except (OSError, ValueError, AttributeError):
         fmt = "unreadable"
+    _check_format_value(fmt, store)
+
+
+def _check_format_value(fmt: object, store: object) -> None:
     if fmt != STORE_FORMAT:
         raise StoreFormatError(
             f"{store}: store format {'from before format.json' if fmt is None else fmt}, "
@@ -141,9 +184,10 @@ def connect_store(store: Path | str, con: duckdb.DuckDBPyConnection | None = Non
 
     The settings are the database's: a ``con`` passed in is locked down too, so open one
     store per connection."""
-    if not (Path(store) / "data").is_dir():
-        raise FileNotFoundError(f"{store}: not a tracetool store (no data/ directory)")
-    check_format(store)
+    if not objstore.is_object_store(store):  # an object store's checks are store_files'
+        if not (Path(store) / "data").is_dir():
+            raise FileNotFoundError(f"{store}: not a tracetool store (no data/ directory)")
+        check_format(store)
     setup = setup_sql(store, allow_writes)
     con = con or duckdb.connect()
     if con.execute("SELECT current_setting('lock_configuration')").fetchone()[0]:

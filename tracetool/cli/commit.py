@@ -8,25 +8,30 @@ from pathlib import Path
 
 import click
 
+from tracetool.cli._store import store_arg
 from tracetool.errors import StoreError
 from tracetool.ingest.shard import CommitProblem, commit_job
 from tracetool.ingest.store import Store
+from tracetool.objstore import is_object_store
 from tracetool.signals import Interrupted, interruptible
 
 
 @click.command("commit", short_help="Publish the shards of a job staged by ingest --shard.")
-@click.argument("store", type=click.Path(path_type=Path))
+@click.argument("store", type=store_arg())
 @click.option("--job", required=True, help="The job whose staged shards to publish.")
 @click.option("--force", is_flag=True,
               help="Replace ranks the store already holds with other content.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object per file.")
-def commit_command(store: Path, job: str, force: bool, as_json: bool) -> None:
+def commit_command(store: Path | str, job: str, force: bool, as_json: bool) -> None:
     """Publish every rank the shards of JOB staged in STORE, once all N shards finished.
 
     Nothing is published when a shard is missing (not run, still running, or killed), a
     rank is staged by two files, or a rank clashes with what the store holds (unless
     --force). Exit code 0 when every staged rank was published (or skipped: already in the
     store), 1 otherwise (one line on stderr)."""
+    if is_object_store(store):
+        _fail(f"{store}: nothing to commit: an object store takes no --shard (each ingest's "
+              "rank commits are atomic and concurrent ones merge)")
     s = Store(store)
     if not (s.root / "staging").is_dir():
         _fail(f"{store}: nothing staged (no staging/ directory): run `tracetool ingest ... "

@@ -14,11 +14,12 @@ from tracetool.analysis.collectives import warn_collectives
 from tracetool.analysis.critical_path import critical_path
 from tracetool.analysis.windows import use_windows
 from tracetool.cli._job import open_job, window_options, windows_of
+from tracetool.cli._store import store_arg
 from tracetool.errors import InputError
 
 
 @click.command("critical-path")
-@click.argument("store", type=click.Path(path_type=Path, file_okay=False))
+@click.argument("store", type=store_arg(file_okay=False))
 @click.option("--job", help="Job (needed when the store holds several).")
 @click.option("--step", type=int, help="One ProfilerStep (default: every complete step).")
 @click.option("--include-incomplete", is_flag=True,
@@ -28,7 +29,7 @@ from tracetool.errors import InputError
 @click.option("--chrome-trace", "chrome", type=click.Path(path_type=Path, dir_okay=False),
               help="Also write the events and the path as a Chrome trace (open in Perfetto).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
-def critical_path_command(store: Path, job: str | None, step: int | None,
+def critical_path_command(store: Path | str, job: str | None, step: int | None,
                           include_incomplete: bool, annotation: str | None,
                           instance: int | None, window: str | None, chrome: Path | None,
                           as_json: bool) -> None:
@@ -60,7 +61,9 @@ def critical_path_command(store: Path, job: str | None, step: int | None,
         click.echo(f"tracetool: error: {err}", err=True)
         sys.exit(2)
     except (duckdb.Error, FileNotFoundError, OSError, ValueError) as err:
-        click.echo(f"tracetool: error: {store}: {str(err).strip().splitlines()[0]}", err=True)
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        where = "" if first.startswith(f"{store}:") else f"{store}: "  # named once
+        click.echo(f"tracetool: error: {where}{first}", err=True)
         sys.exit(1)
     if chrome:
         report["chrome_trace"] = {"path": str(chrome), "events": written}

@@ -18,12 +18,13 @@ from tracetool.analysis.diff import (
     render_text,
 )
 from tracetool.analysis.report import StoreError, first_line, open_job
+from tracetool.cli._store import store_arg
 
 
 @click.command("diff", short_help="Compare two stores: per-op and per-kernel changes, "
                                        "regression gates.")
-@click.argument("store_a", type=click.Path(path_type=Path))
-@click.argument("store_b", type=click.Path(path_type=Path))
+@click.argument("store_a", type=store_arg())
+@click.argument("store_b", type=store_arg())
 @click.option("--job-a", help="Job of STORE_A (needed when it holds several).")
 @click.option("--job-b", help="Job of STORE_B (needed when it holds several).")
 @click.option("--fail-if", "fail_if", multiple=True, metavar="EXPR",
@@ -33,7 +34,7 @@ from tracetool.analysis.report import StoreError, first_line, open_job
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
 @click.option("--top", type=click.IntRange(min=0), default=20, show_default=True,
               help="Rows of each per-name table (0: all).")
-def diff_command(store_a: Path, store_b: Path, job_a: str | None, job_b: str | None,
+def diff_command(store_a: Path | str, store_b: Path | str, job_a: str | None, job_b: str | None,
                  fail_if: tuple[str, ...], as_json: bool, top: int) -> None:
     """Compare job A (STORE_A, the baseline) with job B (STORE_B): per CPU op and per GPU
     kernel/copy, the change of count, total and mean time (largest change of total time

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import click
 
+from tracetool.cli._store import store_arg
 from tracetool.errors import StoreError
 from tracetool.ingest.budget import parse_size
 from tracetool.ingest.metadata import MAX_RANK
@@ -34,8 +35,9 @@ class Size(click.ParamType):
 
 @click.command("ingest")
 @click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=Path))
-@click.option("--store", type=click.Path(path_type=Path), default=Path("tracetool-store"),
-              show_default=True, help="Store directory (created if missing).")
+@click.option("--store", type=store_arg(), default=Path("tracetool-store"),
+              show_default=True,
+              help="Store directory (created if missing), or s3://bucket/prefix.")
 @click.option("--job", help="Job name for these ranks (default: the directory's name).")
 @click.option("--rank", type=click.IntRange(min=0, max=MAX_RANK),
               help="Rank of a single file (overrides distributedInfo and the file name).")
@@ -60,7 +62,7 @@ class Size(click.ParamType):
               show_default=True,
               help="local: this machine's worker pool; ray: one Ray task per file on the "
                    "cluster RAY_ADDRESS names, else a local one (pip install 'tracetool[ray]').")
-def ingest_command(paths: tuple[Path, ...], store: Path, job: str | None, rank: int | None,
+def ingest_command(paths: tuple[Path, ...], store: Path | str, job: str | None, rank: int | None,
                    force: bool, as_json: bool, strict: bool, workers: int | None,
                    tmp_budget: int | None, max_event_bytes: int, shard: str | None,
                    executor: str, job_per_file: bool) -> None:

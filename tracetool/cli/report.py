@@ -13,12 +13,13 @@ from tracetool.analysis.per_rank import RankTaskError, gather_on_ray
 from tracetool.analysis.report import StoreError, first_line, make_report, open_job, to_json
 from tracetool.analysis.windows import use_windows
 from tracetool.cli._job import window_options, windows_of
+from tracetool.cli._store import store_arg
 from tracetool.errors import InputError
 
 
 @click.command("report", short_help="Summarise a job: text or JSON, plus Markdown and "
                                            "HTML with charts.")
-@click.argument("store", type=click.Path(path_type=Path))
+@click.argument("store", type=store_arg())
 @click.option("--out", type=click.Path(path_type=Path, file_okay=False),
               default=Path("tracetool-report"), show_default=True,
               help="Directory for report.md, report.html and the PNG charts (created).")
@@ -33,7 +34,7 @@ from tracetool.errors import InputError
               show_default=True,
               help="ray: the per-rank analyses (step breakdown, kernel and op summaries) as "
                    "one Ray task per rank on the cluster RAY_ADDRESS names (else a local one).")
-def report_command(store: Path, out: Path, job: str | None, as_json: bool,
+def report_command(store: Path | str, out: Path, job: str | None, as_json: bool,
                    annotation: str | None, instance: int | None, window: str | None,
                    include_incomplete: bool, executor: str) -> None:
     """Summarise one job of STORE: step times per rank, where a step goes (compute, exposed

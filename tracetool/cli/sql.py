@@ -18,8 +18,9 @@ import click
 import duckdb
 
 from tracetool.analysis.connect import connect, setup_sql
+from tracetool.cli._store import store_arg
 from tracetool.errors import one_line
-from tracetool.store_views import writable_dirs
+from tracetool.store_views import local_root, writable_dirs
 from tracetool.text import printable
 
 FORMATS = ("table", "csv", "json", "parquet")
@@ -35,7 +36,7 @@ class Refused(Exception):
 
 
 @click.command("sql")
-@click.argument("store", type=click.Path(path_type=Path, file_okay=False))
+@click.argument("store", type=store_arg(file_okay=False))
 @click.argument("query", required=False)
 @click.option("--format", "fmt", type=click.Choice(FORMATS), default="table", show_default=True,
               help="Output format (parquet needs --output).")
@@ -49,7 +50,7 @@ class Refused(Exception):
 @click.option("--print-setup", is_flag=True,
               help="Print the SQL that opens STORE read-only and defines every view (for the "
                    "DuckDB CLI).")
-def sql_command(store: Path, query: str | None, fmt: str, output: Path | None, as_json: bool,
+def sql_command(store: Path | str, query: str | None, fmt: str, output: Path | None, as_json: bool,
                 allow_writes: tuple[Path, ...], print_setup: bool) -> None:
     """Run QUERY over STORE, where the store's tables (events, gpu_ops, steps, ...) and the
     analysis views (step_breakdown, kernel_summary, collective_instances, ...) are defined.
@@ -123,9 +124,10 @@ def _explain(err: BaseException) -> str:
     return first
 
 
-def _inside(path: Path, store: Path) -> bool:
-    """Whether ``path`` is in the store's directory tree (symlinks resolved)."""
-    root = store.resolve()
+def _inside(path: Path, store: Path | str) -> bool:
+    """Whether ``path`` is in the store's directory tree (symlinks resolved; for an object
+    store, the cache of its local copies)."""
+    root = local_root(store)
     return root in path.resolve().parents
 
 
