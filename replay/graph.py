@@ -24,18 +24,31 @@ replay reproduces the trace exactly (``tests/test_replay.py`` checks every step 
 multi-rank set).
 
 Arrays are in topological order (``order``), with in-edges as CSR (``indptr``, ``src``), so
-``tracetool.replay.simulate`` schedules them in one compiled pass.
+``tracetool.replay.simulate`` schedules them in one compiled pass. Every column is read from
+the store as Arrow and stays a numpy array: no Python object per node or edge.
+
+**Bounds** (``Bounds``: ``--steps A:B``, ``--ranks``) limit what is read, in the SQL: the
+events of the chosen ranks that overlap the chosen steps' span, and the edges into them. The
+points just outside that the chosen ones waited for (a kernel of step A-1 whose end a step A
+launch waited on) are kept as fixed points at their measured times: the outside runs as
+measured. A collective whose last arrival is outside the chosen ranks (or steps) keeps its
+measured wait: the barrier follows the last arrival inside, plus the measured gap to the
+real last arrival, as a fixed delay (``ReplayGraph.partial``; the result's notes say how
+many). A collective's transfer time is always the job's (the shortest over all its ranks).
 """
 
 from __future__ import annotations
 
 import json
+import re
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 import duckdb
 import numpy as np
+import pyarrow as pa
 
-from tracetool.analysis.critical_path import Slots
+from tracetool.errors import InputError
 from tracetool.graph import CLASSES, KIND_NAMES
 
 # roles of an edge in the replay: what a scenario may change about it
@@ -44,12 +57,153 @@ _COLLECTIVE = KIND_NAMES.index("collective")
 _CPU_ORDER = KIND_NAMES.index("cpu_order")
 _GPU_ORDER = KIND_NAMES.index("gpu_order")
 NO_STEP = -1  # ReplayGraph.steps of a job without ProfilerStep: one window, the whole trace
+# a process group that data parallelism runs over (its description, pg_desc)
+DP_GROUP_DESC = re.compile(r"(^|[^a-z])dp([^a-z]|$)|data|default_pg", re.IGNORECASE)
+# collectives data parallelism is made of (DDP, FSDP, ZeRO): a job whose every collective
+# spans all ranks and is one of these is data-parallel only, one rank a replica
+_DP_KINDS = ("allreduce", "broadcast", "allgather", "reduce_scatter", "barrier")
+
+
+class NoSuchSteps(InputError):
+    """A --steps range (or --step) with no ProfilerStep of the job in it."""
+
+
+@dataclass(frozen=True)
+class Bounds:
+    """The part of a job a replay reads: ProfilerSteps ``steps`` (first, last; inclusive)
+    and ``ranks`` (sorted), None meaning all."""
+
+    steps: tuple[int, int] | None = None
+    ranks: tuple[int, ...] | None = None
+
+    @property
+    def bounded(self) -> bool:
+        return self.steps is not None or self.ranks is not None
+
+
+def parse_steps(text: str) -> tuple[int, int]:
+    """'A:B' (or 'N') -> (A, B), InputError for anything else or A > B."""
+    a, sep, b = text.strip().partition(":")
+    try:
+        first, last = int(a), int(b if sep else a)
+    except ValueError:
+        raise InputError(f"bad --steps {text!r}: give A:B (ProfilerStep numbers, e.g. "
+                         "3:5) or N") from None
+    if first > last:
+        raise InputError(f"bad --steps {text!r}: the first step {first} is after the "
+                         f"last {last}")
+    return first, last
+
+
+def parse_ranks(text: str) -> tuple[int, ...] | str:
+    """'0,2-5' -> (0, 2, 3, 4, 5); 'replica' stays a word (``resolve_ranks``)."""
+    if text.strip().lower() == "replica":
+        return "replica"
+    out: set[int] = set()
+    for part in (p.strip() for p in text.split(",")):
+        lo, dash, hi = part.partition("-")
+        try:
+            a, b = int(lo), int(hi if dash else lo)
+        except ValueError:
+            raise InputError(f"bad --ranks {text!r}: give ranks and ranges (0,2-5) or "
+                             "'replica'") from None
+        if a > b or a < 0:
+            raise InputError(f"bad --ranks {text!r}: range {part!r} is empty")
+        out.update(range(a, b + 1))
+    return tuple(sorted(out))
+
+
+def resolve_ranks(con: duckdb.DuckDBPyConnection, job: str, ranks: tuple[int, ...] | str
+                  ) -> tuple[int, ...]:
+    """The ranks ``--ranks`` names, checked against the job's (InputError naming the
+    missing ones); 'replica': one data-parallel replica (``replica_ranks``)."""
+    have = [r for (r,) in con.execute(
+        "SELECT DISTINCT rank FROM trace_files WHERE job = ? ORDER BY 1", [job]).fetchall()]
+    if ranks == "replica":
+        return replica_ranks(con, job, have)
+    missing = sorted(set(ranks) - set(have))
+    if missing:
+        raise InputError(f"--ranks: job {job} has no rank {', '.join(map(str, missing))} "
+                         f"(ranks: {_ranges(have)})")
+    return tuple(ranks)
+
+
+def replica_ranks(con: duckdb.DuckDBPyConnection, job: str, have: list[int]
+                  ) -> tuple[int, ...]:
+    """One data-parallel replica of the job: the first rank of each data-parallel process
+    group (groups whose description says dp / data / default_pg, when other groups exist
+    too); a job whose every collective is a data-parallel kind over all its ranks is data
+    parallel only, and its replica is its first rank. Anything else (model-parallel
+    collectives with no data-parallel group named, all-to-alls) cannot be told: InputError."""
+    if len(have) == 1:
+        return tuple(have)
+    rows = con.execute(
+        """SELECT DISTINCT pg_desc, group_ranks, group_size, kind FROM collective_ranks
+           WHERE job = ? AND NOT coalesce(group_ranks_truncated, FALSE)""", [job]).fetchall()
+    world = len(have)
+    groups = [(desc, tuple(sorted(g)) if g else None, size, kind)
+              for desc, g, size, kind in rows]
+    spans = [g is None and (size or world) >= world or g is not None and len(g) >= world
+             for _, g, size, _ in groups]
+    named = {g for (desc, g, _, _), whole in zip(groups, spans, strict=True)
+             if g and not whole and desc and DP_GROUP_DESC.search(str(desc))}
+    if named:
+        return tuple(sorted({min(g) for g in named}))
+    if groups and all(spans) and all(k in _DP_KINDS for _, _, _, k in groups):
+        return (min(have),)
+    why = ("it has no collectives" if not groups else
+           "its process groups name no data-parallel group and not all its collectives are "
+           f"data-parallel ones over all {world} ranks")
+    raise InputError(f"--ranks replica: cannot tell job {job}'s data-parallel replica "
+                     f"({why}); give the ranks, e.g. --ranks 0,1")
+
+
+def _ranges(ranks: list[int]) -> str:
+    """[0, 1, 2, 5] -> '0-2,5'."""
+    out, start = [], None
+    for i, r in enumerate(ranks):
+        if start is None:
+            start = r
+        if i + 1 == len(ranks) or ranks[i + 1] != r + 1:
+            out.append(str(start) if start == r else f"{start}-{r}")
+            start = None
+    return ",".join(out)
+
+
+class Lazy(Mapping):
+    """Columns (or a mapping) read from the store on first use: the op details only a GPU
+    model or a speedup needs, the gradients only unsized collectives need (on a cursor of
+    the graph's connection, which must still be open then)."""
+
+    def __init__(self, eager: dict, load: Callable[[], dict]) -> None:
+        self._data, self._load = dict(eager), load
+
+    def _all(self) -> dict:
+        if self._load is not None:
+            try:
+                self._data.update(self._load())
+            except duckdb.ConnectionException as err:
+                raise ValueError("the replay graph reads op details from its store on "
+                                 "first use: keep the connection open") from err
+            self._load = None
+        return self._data
+
+    def __getitem__(self, key: object) -> object:
+        if key in self._data:
+            return self._data[key]
+        return self._all()[key]
+
+    def __iter__(self) -> Iterator:
+        return iter(self._all())
+
+    def __len__(self) -> int:
+        return len(self._all())
 
 
 @dataclass
 class ReplayGraph:
     """One job's replay graph. Node n is point (n & 1: 0 start, 1 end) of slot n >> 1; slots
-    are (rank, eid) of the events, then one per collective barrier."""
+    are the replayed events in (rank, eid) order, then one per collective barrier."""
 
     job: str
     origin_ns: int  # times below are ns after this
@@ -72,8 +226,9 @@ class ReplayGraph:
     parent: np.ndarray
     is_gpu: np.ndarray
     n_event_slots: int  # slots below this are events; the rest are barriers
-    # GPU ops (duration edges)
-    ops: dict  # rank, eid, slot, kind, name, category, op_name, dims, types, dur
+    # GPU ops (duration edges): rank, eid, slot, dur, is_comm; kind, name, category,
+    # op_name, dims, types read on first use
+    ops: Mapping
     # collective instances
     insts: dict  # instance, collective, kind, bytes, group_ranks (list), pg_desc, transfer_ns
     # steps (tracetool.replay.run.step_windows tiles them as the steps/job_steps views do)
@@ -85,11 +240,18 @@ class ReplayGraph:
     # nodes whose latest time (+ end_off) ends a row, where the rules need them
     rank_steps: dict
     breakdown: dict  # slot, what (CLASSES index): breakdown_events of the GPU/CPU work
-    ranks: np.ndarray  # ranks of the job
+    ranks: np.ndarray  # ranks of the job (all of them, replayed or not)
     devices: list[str]  # deviceProperties names of the job
     # job step -> elements of the gradients autograd accumulated in it (the model's
     # parameters, from AccumulateGrad's Input Dims; empty without record_shapes)
-    grad_numel: dict[int, int] = field(default_factory=dict)
+    grad_numel: Mapping[int, int] = field(default_factory=dict)
+    # what was read: the bounds, the ranks replayed, the steps reported (False: a step
+    # next to the range, kept only so the range's steps tile as in the whole job)
+    bounds: Bounds = field(default_factory=Bounds)
+    replayed_ranks: np.ndarray | None = None
+    step_reported: np.ndarray | None = None
+    partial: int = 0  # collective instances whose last arrival is not replayed
+    frontier: int = 0  # events outside the bounds kept as fixed points
 
     @property
     def n_nodes(self) -> int:
@@ -99,39 +261,143 @@ class ReplayGraph:
     def n_edges(self) -> int:
         return len(self.src)
 
+    @property
+    def notes(self) -> list[str]:
+        """What the bounds left out, in a sentence each (the result's notes)."""
+        out = []
+        if self.bounds.ranks is not None:
+            out.append(f"replayed ranks {_ranges(self.replayed_ranks.tolist())} of "
+                       f"{len(self.ranks)}")
+        if self.partial:
+            out.append(f"{self.partial} collective(s) wait for ranks or steps outside the "
+                       "replay: their measured wait for the last arrival is kept as a fixed "
+                       "delay")
+        return out
 
-_NODES_SQL = """
-SELECT rank, eid, ts_ns, end_ns, track_id, coalesce(parent_eid, -1) AS parent_eid, is_gpu,
-       list_position(?, cls) - 1 AS cls
-FROM cp_nodes WHERE job = ?"""
 
-# the edges within each rank (the cross-rank 'collective' ones are replaced by barriers)
-_EDGES_SQL = """
-SELECT rank AS rank_src, src_eid, (src_point = 'end')::TINYINT AS sp, rank AS rank_dst,
-       dst_eid, (dst_point = 'end')::TINYINT AS dp,
-       (list_position(?, kind) - 1)::TINYINT AS kind, lag_ns
-FROM rank_edges WHERE job = ?"""
+class SlotIndex:
+    """(rank, eid) -> slot. Slots are the replayed events in (rank, eid) order, each rank's
+    contiguous (``base``, ``sizes``). Unbounded, slot = base[rank] + eid (eids are dense in
+    a rank), and ``is_node`` marks the eids that are nodes; bounded, the slots are the
+    selected events alone (found by binary search), so arrays scale with the selection."""
 
-_OPS_SQL = """
-SELECT g.rank, g.eid, g.kind, g.name, coalesce(k.category, g.kind) AS category,
-       coalesce(g.is_comm, FALSE) AS is_comm, g.op_name,
+    def __init__(self, rank: np.ndarray, eid: np.ndarray, dense: bool) -> None:
+        self.ranks = np.flatnonzero(np.bincount(rank)) if len(rank) else np.zeros(0, np.int64)
+        self._lut = np.full(int(self.ranks.max()) + 2 if len(rank) else 1, -1, dtype=np.int64)
+        self._lut[self.ranks] = np.arange(len(self.ranks))  # rank -> its index (ranks >= 0)
+        ri = self._lut[rank]
+        self.dense = dense
+        if dense:
+            self.sizes = np.zeros(len(self.ranks), dtype=np.int64)
+            np.maximum.at(self.sizes, ri, np.asarray(eid, dtype=np.int64) + 1)
+            self.keys = None
+        else:
+            self.sizes = np.bincount(ri, minlength=len(self.ranks)).astype(np.int64)
+            self.keys = np.sort((ri.astype(np.int64) << 40) | np.asarray(eid, dtype=np.int64))
+        self.base = np.concatenate([[0], np.cumsum(self.sizes)[:-1]]).astype(np.int64)
+        self.n = int(self.sizes.sum())
+
+    def __call__(self, rank: np.ndarray, eid: np.ndarray) -> np.ndarray:
+        """Slots, -1 where (rank, eid) is no event of the index."""
+        rank = np.asarray(rank)
+        eid = np.asarray(eid, dtype=np.int64)
+        if len(self.ranks) == 0:
+            return np.full(len(eid), -1, dtype=np.int64)
+        ri = self._lut[np.clip(rank, -1, len(self._lut) - 1)]
+        ok = (ri >= 0) & (eid >= 0)
+        ri = np.maximum(ri, 0)
+        if self.dense:
+            ok &= eid < self.sizes[ri]
+            return np.where(ok, self.base[ri] + eid, -1)
+        key = (ri.astype(np.int64) << 40) | np.maximum(eid, 0)
+        pos = np.minimum(np.searchsorted(self.keys, key), max(self.n - 1, 0))
+        ok &= self.keys[pos] == key if self.n else False
+        return np.where(ok, pos, -1)
+
+
+def _fetch(con: duckdb.DuckDBPyConnection, sql: str, params: dict | list | None = None
+           ) -> dict[str, np.ndarray]:
+    """A query's columns as numpy arrays, through Arrow (no Python object per row for
+    numbers; strings become object arrays)."""
+    tbl = con.sql(sql, params=params or None).to_arrow_table()
+    return {name: tbl.column(name).to_numpy(zero_copy_only=False) for name in tbl.column_names}
+
+
+def _case(column: str, names: list[str] | tuple[str, ...]) -> str:
+    """SQL mapping a text column to its index in ``names`` (-1 for others), as TINYINT."""
+    whens = " ".join(f"WHEN '{n}' THEN {i}" for i, n in enumerate(names))
+    return f"(CASE {column} {whens} ELSE -1 END)::TINYINT"
+
+
+@dataclass
+class _Selection:
+    """The part of a job to read, as SQL filters, and the steps it covers."""
+
+    job: str
+    ranks: tuple[int, ...] | None  # None: every rank
+    lo: int | None  # events overlapping [lo, hi] (ns), None: all
+    hi: int | None
+    steps: tuple[int, int] | None
+
+    def where(self, alias: str = "", times: bool = True) -> str:
+        a = f"{alias}." if alias else ""
+        out = [f"{a}job = $job"]
+        if self.ranks is not None:
+            out.append(f"{a}rank IN ({', '.join(map(str, self.ranks))})")
+        if times and self.lo is not None:
+            out.append(f"{a}end_ns >= {self.lo} AND {a}ts_ns <= {self.hi}")
+        return " AND ".join(out)
+
+    @property
+    def params(self) -> dict:
+        return {"job": self.job}
+
+
+def _select(con: duckdb.DuckDBPyConnection, job: str, bounds: Bounds) -> _Selection:
+    """The SQL filters of ``bounds`` (InputError for steps the job does not have)."""
+    ranks = None if bounds.ranks is None else resolve_ranks(con, job, bounds.ranks)
+    if bounds.steps is None:
+        return _Selection(job, ranks, None, None, None)
+    a, b = bounds.steps
+    rank_sql = "" if ranks is None else f" AND rank IN ({', '.join(map(str, ranks))})"
+    lo, hi, n = con.execute(
+        f"""SELECT min(start_ns), max(end_ns), count(DISTINCT step) FROM steps
+            WHERE job = $job AND step BETWEEN $a AND $b{rank_sql}""",
+        {"job": job, "a": a, "b": b}).fetchall()[0]
+    if not n:
+        have = [s for (s,) in con.execute(
+            f"SELECT DISTINCT step FROM steps WHERE job = $job{rank_sql} ORDER BY 1",
+            {"job": job}).fetchall()]
+        span = f"steps {have[0]}-{have[-1]}" if have else "no steps"
+        what = f"step {a}" if a == b else f"steps {a}:{b}"
+        raise NoSuchSteps(f"job {job} has no ProfilerStep in {what} ({span})")
+    hi = max(hi, con.execute(
+        "SELECT max(end_ns) FROM job_steps WHERE job = $job AND step BETWEEN $a AND $b",
+        {"job": job, "a": a, "b": b}).fetchall()[0][0] or hi)
+    return _Selection(job, ranks, int(lo), int(hi), (a, b))
+
+
+_OPS_DETAIL_SQL = """
+SELECT g.rank, g.eid, g.kind, g.name, coalesce(k.category, g.kind) AS category, g.op_name,
        o.args->>'Input Dims' AS dims, o.args->>'Input type' AS types
-FROM gpu_ops g JOIN cp_nodes n ON n.job = g.job AND n.rank = g.rank AND n.eid = g.eid
+FROM gpu_ops g
 LEFT JOIN kernels k ON k.job = g.job AND k.rank = g.rank AND k.eid = g.eid
 LEFT JOIN events o ON o.job = g.job AND o.rank = g.rank AND o.eid = g.op_eid
-WHERE g.job = ?"""
+WHERE {where}"""
 
 # one instance = one collective call on every rank of its group: collective_ranks.instance,
 # the key the critical path and collective_instances use (analysis/sql/40_collectives.sql);
-# calls it could not match (instance NULL) are no barrier
+# calls it could not match (instance NULL) are no barrier. Read for every rank (a small
+# table): an instance's last arrival and transfer time are the job's, replayed ranks or not
 _INSTANCES_SQL = """
-SELECT c.rank, c.instance, coalesce(c.kernel_eid, c.gloo_eid) AS x_eid, c.collective,
-       c.kind, c.pg_desc, c.group_size,
+SELECT c.rank, c.instance, coalesce(c.kernel_eid, c.gloo_eid) AS x_eid, c.ts_ns, c.end_ns,
+       c.collective, c.kind, c.pg_desc, c.group_size,
        CASE WHEN coalesce(c.group_ranks_truncated, FALSE) THEN NULL ELSE c.group_ranks END
            AS group_ranks, c.bytes, c.step, c.elem_bytes
-FROM collective_ranks c JOIN cp_nodes n ON n.job = c.job AND n.rank = c.rank
- AND n.eid = coalesce(c.kernel_eid, c.gloo_eid)
-WHERE c.job = ? AND c.instance IS NOT NULL"""
+FROM collective_ranks c
+WHERE c.job = $job AND c.instance IS NOT NULL
+  AND coalesce(c.kernel_eid, c.gloo_eid) IS NOT NULL
+ORDER BY c.instance, c.rank"""
 
 # the parameters whose gradient autograd accumulated in each step, on the lowest rank that
 # records their shapes (record_shapes): one AccumulateGrad per parameter and backward pass
@@ -145,123 +411,118 @@ SELECT step, dims FROM g WHERE dims IS NOT NULL
  AND rank = (SELECT min(rank) FROM g WHERE dims IS NOT NULL)"""
 
 
-def build_graph(con: duckdb.DuckDBPyConnection, job: str) -> ReplayGraph:
+def build_graph(con: duckdb.DuckDBPyConnection, job: str, bounds: Bounds | None = None
+                ) -> ReplayGraph:
     """The replay graph of ``job`` (``con`` from ``tracetool.connect``), from the graph its
-    ranks' ingest stored."""
-    ev = con.execute(_NODES_SQL, [list(CLASSES), job]).fetchnumpy()
-    if len(ev["eid"]) == 0:
-        raise ValueError(f"job {job!r} has no events on CPU threads or GPU streams")
-    slot_of = Slots.of(ev["rank"], ev["eid"])
-    ranks, sizes, n_ev_slots = slot_of.ranks, slot_of.sizes, slot_of.n
-    slot = slot_of(ev["rank"], ev["eid"])
-    origin = int(min(ev["ts_ns"].min(), ev["end_ns"].min()))
+    ranks' ingest stored; ``bounds`` limit it to some steps and ranks (module docstring).
+    Op details and gradients are read from ``con`` on first use."""
+    cur = con.cursor()  # its own results: a caller's unfinished one on con is not touched
+    try:
+        return _build(cur, con, job, bounds or Bounds())
+    finally:
+        cur.close()
 
-    # -- collective instances: one barrier slot each
-    ci = _columns(con.execute(_INSTANCES_SQL, [job]))
-    ci["rank"] = ci["rank"].astype(np.int64)
-    ci["x_eid"] = ci["x_eid"].astype(np.int64)
-    inst_names, inst_idx = np.unique(ci["instance"].astype(str), return_inverse=True)
-    n_inst = len(inst_names)
+
+def _build(con: duckdb.DuckDBPyConnection, owner: duckdb.DuckDBPyConnection, job: str,
+           bounds: Bounds) -> ReplayGraph:
+    """build_graph on cursor ``con`` of ``owner`` (which the lazy parts read later)."""
+    sel = _select(con, job, bounds)
+    nodes, e, slot_of, frontier = _read_graph(con, sel)
+    slot = slot_of(nodes["rank"], nodes["eid"])
+    n_ev_slots = slot_of.n
+    origin = int(min(nodes["ts_ns"].min(), nodes["end_ns"].min()))
+    is_node_ev = np.zeros(n_ev_slots, dtype=bool)
+    is_node_ev[slot] = True
+    inside = np.zeros(n_ev_slots, dtype=bool)  # events replayed (not fixed frontier points)
+    inside[slot[~nodes["frontier"]]] = True
+
+    # -- collective instances of the replayed events: one barrier slot each
+    ci = _fetch(con, _INSTANCES_SQL, {"job": job})
+    ci_slot = slot_of(ci["rank"], ci["x_eid"])
+    ci_in = ci_slot >= 0
+    ci_in[ci_in] = inside[ci_slot[ci_in]]
+    names_all, idx_all = np.unique(ci["instance"].astype(str), return_inverse=True)
+    used = np.unique(idx_all[ci_in])  # instances with a replayed rank
+    n_inst = len(used)
+    renum = np.full(len(names_all), -1, dtype=np.int64)
+    renum[used] = np.arange(n_inst)
+    inst_all = renum[idx_all]  # per row of ci: its instance, -1 if not replayed at all
+    inst_idx, x_slot = inst_all[ci_in], ci_slot[ci_in]
     n_slots = n_ev_slots + n_inst
-    is_node = np.zeros(n_slots, dtype=bool)
-    is_node[slot] = True
-    is_node[n_ev_slots:] = True
+    is_node = np.concatenate([is_node_ev, np.ones(n_inst, dtype=bool)])
 
     t0 = np.zeros(2 * n_slots, dtype=np.float64)
-    t0[2 * slot] = ev["ts_ns"] - origin
-    t0[2 * slot + 1] = ev["end_ns"] - origin
+    t0[2 * slot] = nodes["ts_ns"] - origin
+    t0[2 * slot + 1] = nodes["end_ns"] - origin
 
-    # -- GPU ops and their duration edges
-    ops = {c: _unmasked(a) for c, a in con.execute(_OPS_SQL, [job]).fetchnumpy().items()}
+    # -- GPU ops of the replayed events and their duration edges
+    ops = _fetch(con, f"""SELECT rank, eid, coalesce(is_comm, FALSE) AS is_comm FROM gpu_ops
+                          WHERE {sel.where(times=True)}""", sel.params)
     op_slot = slot_of(ops["rank"], ops["eid"])
-    x_slot = slot_of(ci["rank"], ci["x_eid"])
+    keep_op = op_slot >= 0
+    keep_op[keep_op] = inside[op_slot[keep_op]]
+    ops = {k: v[keep_op] for k, v in ops.items()}
+    op_slot = op_slot[keep_op]
     x_inst = np.full(n_slots, -1, dtype=np.int64)
     x_inst[x_slot] = inst_idx
     barrier_slot = n_ev_slots + np.arange(n_inst)
-    b_time = np.full(n_inst, -np.inf)
-    np.maximum.at(b_time, inst_idx, t0[2 * x_slot])
+    arrive = np.full(n_inst, -np.inf)  # the last replayed arrival
+    np.maximum.at(arrive, inst_idx, t0[2 * x_slot])
+    ci_rel = (ci["ts_ns"] - origin).astype(np.float64)
+    last_all = np.full(n_inst, -np.inf)  # the job's last arrival (every rank's clock)
+    np.maximum.at(last_all, inst_all[inst_all >= 0], ci_rel[inst_all >= 0])
+    b_time = np.maximum(arrive, last_all)
     t0[2 * barrier_slot] = b_time
     t0[2 * barrier_slot + 1] = b_time
+    partial = b_time > arrive  # the last arrival is outside: its wait stays, as measured
 
-    # -- recorded edges, minus the ones replaced: cross-rank 'collective' edges (by barriers)
-    # and the start -> end order edge of a GPU op or a transfer (by its duration edge)
-    e = con.execute(_EDGES_SQL, [KIND_NAMES, job]).fetchnumpy()
-    e_src = 2 * slot_of(e["rank_src"], e["src_eid"]) + e["sp"]
-    e_dst = 2 * slot_of(e["rank_dst"], e["dst_eid"]) + e["dp"]
+    # -- recorded edges, minus the ones replaced: the start -> end order edge of a GPU op
+    # or a transfer (by its duration edge); cross-rank 'collective' ones are not stored
+    e_src = 2 * slot_of(e["rank"], e["src_eid"]) + e["sp"]
+    e_dst = 2 * slot_of(e["rank"], e["dst_eid"]) + e["dp"]
     timed = np.zeros(n_slots, dtype=bool)
     timed[op_slot] = True
     timed[x_slot] = True
-    self_edge = (e_src >> 1 == e_dst >> 1) & (e["sp"] == 0) & (e["dp"] == 1) & timed[e_src >> 1]
-    keep = ~self_edge
-    src_parts = [e_src[keep]]
-    dst_parts = [e_dst[keep]]
-    kind_parts = [e["kind"][keep].astype(np.int8)]
-    role_parts = [np.full(int(keep.sum()), FIXED, dtype=np.int8)]
-    op_parts = [np.full(int(keep.sum()), -1, dtype=np.int64)]
-    inst_parts = [np.full(int(keep.sum()), -1, dtype=np.int64)]
-
+    keep = ~((e["src_eid"] == e["dst_eid"]) & (e["sp"] == 0) & (e["dp"] == 1)
+             & timed[e_src >> 1]) & (e_src >= 0)
+    n_keep = int(keep.sum())
+    parts = [(e_src[keep], e_dst[keep], e["kind"][keep], np.full(n_keep, FIXED, np.int8),
+              -1, -1)]
     # duration edges: compute/memcpy ops scale with the GPU model; transfers with the network
     is_x = x_inst[op_slot] >= 0
-    n_ops = len(op_slot)
-    src_parts.append(2 * op_slot)
-    dst_parts.append(2 * op_slot + 1)
-    kind_parts.append(np.full(n_ops, _GPU_ORDER, dtype=np.int8))
-    role_parts.append(np.where(is_x, COMM_DURATION, OP_DURATION).astype(np.int8))
-    op_parts.append(np.arange(n_ops, dtype=np.int64))
-    inst_parts.append(np.where(is_x, x_inst[op_slot], -1))
-    gloo_x = x_slot[~np.isin(x_slot, op_slot)]  # transfers on CPU threads (gloo spans)
-    gloo_x = np.unique(gloo_x)
-    src_parts.append(2 * gloo_x)
-    dst_parts.append(2 * gloo_x + 1)
-    kind_parts.append(np.full(len(gloo_x), _CPU_ORDER, dtype=np.int8))
-    role_parts.append(np.full(len(gloo_x), COMM_DURATION, dtype=np.int8))
-    op_parts.append(np.full(len(gloo_x), -1, dtype=np.int64))
-    inst_parts.append(x_inst[gloo_x])
+    parts.append((2 * op_slot, 2 * op_slot + 1, _GPU_ORDER,
+                  np.where(is_x, COMM_DURATION, OP_DURATION).astype(np.int8),
+                  np.arange(len(op_slot), dtype=np.int64), np.where(is_x, x_inst[op_slot], -1)))
+    gloo_x = np.unique(x_slot[~np.isin(x_slot, op_slot)])  # transfers on CPU threads (gloo)
+    parts.append((2 * gloo_x, 2 * gloo_x + 1, _CPU_ORDER, COMM_DURATION, -1, x_inst[gloo_x]))
     # barriers: arrival (every rank's transfer start -> barrier), transfer (-> every end)
-    for a, b, role in ((2 * x_slot, 2 * barrier_slot[inst_idx], ARRIVAL),
-                       (2 * barrier_slot[inst_idx], 2 * x_slot + 1, TRANSFER)):
-        src_parts.append(a)
-        dst_parts.append(b)
-        kind_parts.append(np.full(len(a), _COLLECTIVE, dtype=np.int8))
-        role_parts.append(np.full(len(a), role, dtype=np.int8))
-        op_parts.append(np.full(len(a), -1, dtype=np.int64))
-        inst_parts.append(inst_idx.astype(np.int64))
+    parts.append((2 * x_slot, 2 * barrier_slot[inst_idx], _COLLECTIVE, ARRIVAL, -1, inst_idx))
+    parts.append((2 * barrier_slot[inst_idx], 2 * x_slot + 1, _COLLECTIVE, TRANSFER, -1,
+                  inst_idx))
+    src, dst, kind, role, op, inst = _concat(parts)
+    from .simulate import csr_by_destination, topological_order
 
-    src = np.concatenate(src_parts)
-    dst = np.concatenate(dst_parts)
-    kind = np.concatenate(kind_parts)
-    role = np.concatenate(role_parts)
-    op = np.concatenate(op_parts)
-    inst = np.concatenate(inst_parts)
+    by_dst, indptr = csr_by_destination(dst, kind, src, 2 * n_slots)
+    src, dst, kind, role, op, inst = (a[by_dst] for a in (src, dst, kind, role, op, inst))
     lag = t0[dst] - t0[src]
+    del by_dst, e
 
     # -- identity weights: binding edges keep their lag, the others shrink (module docstring)
-    edge_rank = np.zeros(n_slots, dtype=np.int64)
-    edge_rank[slot] = ev["rank"]
-    dst_rank = edge_rank[dst >> 1]
-    best = np.full(2 * n_slots, np.inf)
-    np.minimum.at(best, dst, lag)
-    binding = lag == best[dst]
-    base_w = lag.copy()
-    relax = (role == FIXED) & ~binding
-    floor = _group_median(kind.astype(np.int64) * (len(ranks) + 1)
-                          + np.searchsorted(ranks, dst_rank), lag,
-                          binding & (role == FIXED))
-    floor[kind == _CPU_ORDER] = 0.0  # program order held back by something else: no work
-    base_w[relax] = np.minimum(lag[relax], floor[relax])
-    base_w[role == ARRIVAL] = 0.0  # a barrier waits for the last arrival, not a fixed lag
-
-    # -- CSR by destination (deterministic whatever order DuckDB returned the rows in),
-    # nodes in topological order
-    by_dst = np.lexsort((src, kind, dst))  # ties between in-edges go to the earlier kind
-    src, dst, kind, role, op, inst, lag, base_w = (
-        a[by_dst] for a in (src, dst, kind, role, op, inst, lag, base_w))
-    n_nodes = 2 * n_slots
-    indptr = np.zeros(n_nodes + 1, dtype=np.int64)
-    np.add.at(indptr, dst + 1, 1)
-    indptr = np.cumsum(indptr)
-    from .simulate import topological_order
-
+    slot_rank = np.full(n_slots, -1, dtype=np.int64)
+    slot_rank[slot] = nodes["rank"]
+    base_w = _identity_weights(indptr, dst, lag, kind, role, slot_rank, slot_of.ranks)
+    # a collective whose last arrival is not replayed: the barrier waits, after the last
+    # replayed arrival, the measured rest (the edge from that arrival carries it as a delay)
+    arrival = np.flatnonzero(role == ARRIVAL)
+    arrival = arrival[partial[inst[arrival]]]
+    if len(arrival):
+        best = np.full(n_inst, np.inf)
+        np.minimum.at(best, inst[arrival], lag[arrival])
+        hit = arrival[lag[arrival] == best[inst[arrival]]]
+        one = np.full(n_inst, -1, dtype=np.int64)
+        one[inst[hit[::-1]]] = hit[::-1]  # the first such edge of each instance
+        carry = one[one >= 0]
+        base_w[carry] = lag[carry]
     order, breaks = topological_order(indptr, src, t0)
 
     # -- per-slot attributes
@@ -270,84 +531,184 @@ def build_graph(con: duckdb.DuckDBPyConnection, job: str) -> ReplayGraph:
         out[slot] = values
         return out
 
-    pe = ev["parent_eid"]
-    parent = np.where((pe >= 0) & (pe < sizes[np.searchsorted(ranks, ev["rank"])]),
-                      slot_of(ev["rank"], np.maximum(pe, 0)), -1)
-    parent = np.where(is_node[np.maximum(parent, 0)], parent, -1)
-    cls = per_slot(ev["cls"], CLASSES.index("cpu"), np.int8)
+    parent = slot_of(nodes["rank"], nodes["parent_eid"])
+    parent = np.where(parent >= 0, parent, -1)
+    parent = np.where(is_node[np.maximum(parent, 0)] & (parent >= 0), parent, -1)
+    cls = per_slot(nodes["cls"], CLASSES.index("cpu"), np.int8)
     cls[n_ev_slots:] = CLASSES.index("comm")
+    rank_col = per_slot(nodes["rank"], -1, np.int32)
+    rank_col[:n_ev_slots][~inside] = -1  # fixed points are no events of the replay
 
     # -- steps (the analysis views' definition, docs/steps.md)
-    js = con.execute("SELECT step, complete FROM job_steps WHERE job = ? ORDER BY step",
-                     [job]).fetchnumpy()
-    steps = np.asarray(js["step"], dtype=np.int64)
-    rank_steps = _rank_steps(con, job, steps, slot_of, is_node, t0, origin)
-    complete = np.asarray(js["complete"], dtype=bool)
-    if len(steps) == 0:  # no ProfilerStep (inference, a custom loop): the whole trace, as
-        # the critical path does; step number NO_STEP
-        steps, complete = np.array([NO_STEP], dtype=np.int64), np.array([True])
-    bd = con.execute(
-        """SELECT b.rank, b.eid, b.what FROM breakdown_events b JOIN cp_nodes n
-           ON n.job = b.job AND n.rank = b.rank AND n.eid = b.eid
-           WHERE b.job = ? AND b.what <> 'cpu'""", [job]).fetchnumpy()
-    breakdown = {"slot": slot_of(bd["rank"], bd["eid"]),
-                 "what": np.array([CLASSES.index(w) for w in bd["what"].tolist()],
-                                  dtype=np.int8)}
+    steps, complete, reported, rank_steps = _steps(con, sel, slot_of, inside, t0, origin)
+    bd = _fetch(con, f"""SELECT b.rank, b.eid, {_case('b.what', CLASSES)} AS what
+                         FROM breakdown_events b
+                         WHERE {sel.where('b')} AND b.what <> 'cpu'""", sel.params)
+    bd_slot = slot_of(bd["rank"], bd["eid"])
+    ok = bd_slot >= 0
+    ok[ok] = inside[bd_slot[ok]]
+    breakdown = {"slot": bd_slot[ok], "what": bd["what"][ok]}
 
-    # -- what the models need: GPU op details, instance sizes and groups
-    dims, types = ops["dims"], ops["types"]
-    op_info = {
-        "rank": ops["rank"], "eid": ops["eid"], "slot": op_slot, "kind": ops["kind"],
-        "name": ops["name"], "category": ops["category"], "op_name": ops["op_name"],
-        "dims": dims, "types": types,
-        "dur": t0[2 * op_slot + 1] - t0[2 * op_slot],
-    }
-    transfer = _transfer_ns(t0[2 * x_slot + 1] - t0[2 * x_slot], inst_idx, n_inst)
+    # -- what the models need: GPU op details (on first use), instance sizes and groups
+    op_info = Lazy({"rank": ops["rank"], "eid": ops["eid"], "slot": op_slot,
+                    "is_comm": ops["is_comm"], "dur": t0[2 * op_slot + 1] - t0[2 * op_slot]},
+                   lambda: _op_details(owner.cursor(), sel, slot_of, op_slot))
+    insts = _instances(ci, inst_all, used, names_all, n_inst, inst_idx)
+    # a transfer's own duration edge is the transfer alone (the last arrival's duration)
+    comm_dur = role == COMM_DURATION
+    base_w[comm_dur] = insts["transfer_ns"][inst[comm_dur]]
+    devices = [d for (d,) in con.execute(
+        "SELECT DISTINCT unnest(device_names) FROM trace_files WHERE job = ? ORDER BY 1",
+        [job]).fetchall() if d]
+    job_ranks = np.array([r for (r,) in con.execute(
+        "SELECT DISTINCT rank FROM trace_files WHERE job = ? ORDER BY 1", [job]).fetchall()],
+        dtype=np.int64)
+    replayed = np.unique(nodes["rank"][~nodes["frontier"]]).astype(np.int64)
+    return ReplayGraph(
+        job=job, origin_ns=origin, t0=t0, order=order, indptr=indptr, src=src, lag=lag,
+        base_w=base_w, kind=kind, role=role, op=op, inst=inst, cycle_breaks=int(breaks),
+        rank=rank_col, eid=per_slot(nodes["eid"], -1, np.int64),
+        track=per_slot(nodes["track_id"], -1, np.int32), cls=cls,
+        parent=per_slot(parent, -1, np.int64), is_gpu=per_slot(nodes["is_gpu"], False, bool),
+        n_event_slots=n_ev_slots, ops=op_info, insts=insts, steps=steps,
+        step_complete=complete, rank_steps=rank_steps, breakdown=breakdown, ranks=job_ranks,
+        devices=devices, grad_numel=Lazy({}, lambda: _grad_numel(owner.cursor(), job)),
+        bounds=Bounds(sel.steps, sel.ranks), replayed_ranks=replayed,
+        step_reported=reported, partial=int(partial.sum()), frontier=frontier)
+
+
+def _read_graph(con: duckdb.DuckDBPyConnection, sel: _Selection
+                ) -> tuple[dict, dict, SlotIndex, int]:
+    """The selection's nodes (cp_nodes; plus the fixed points outside it that edges into it
+    start from, ``frontier`` True), its edges (rank_edges into its nodes; point and kind as
+    small integers), the slot index, and how many fixed points there are."""
+    cols = ("rank, eid, ts_ns, end_ns, coalesce(track_id, -1) AS track_id, "
+            "coalesce(parent_eid, -1) AS parent_eid, coalesce(is_gpu, FALSE) AS is_gpu, "
+            f"{_case('cls', CLASSES)} AS cls")
+    nodes = _fetch(con, f"SELECT {cols} FROM cp_nodes WHERE {sel.where()}", sel.params)
+    if len(nodes["eid"]) == 0:
+        raise ValueError(f"job {sel.job!r} has no events on CPU threads or GPU streams"
+                         + (" in the bounds given" if sel.lo is not None else ""))
+    edge_cols = (f"e.rank, e.src_eid, (e.src_point = 'end')::TINYINT AS sp, e.dst_eid, "
+                 f"(e.dst_point = 'end')::TINYINT AS dp, {_case('e.kind', KIND_NAMES)} AS kind")
+    nodes["frontier"] = np.zeros(len(nodes["eid"]), dtype=bool)
+    if sel.lo is None:  # whole ranks: every edge of them
+        e = _fetch(con, f"SELECT {edge_cols} FROM rank_edges e WHERE {sel.where('e')}",
+                   sel.params)
+        return nodes, e, SlotIndex(nodes["rank"], nodes["eid"], dense=True), 0
+    e = _fetch(con, f"""SELECT {edge_cols} FROM rank_edges e
+                        SEMI JOIN (SELECT rank, eid FROM cp_nodes WHERE {sel.where()}) n
+                          ON n.rank = e.rank AND n.eid = e.dst_eid
+                        WHERE {sel.where('e', times=False)}""", sel.params)
+    inner = SlotIndex(nodes["rank"], nodes["eid"], dense=False)
+    out = inner(e["rank"], e["src_eid"]) < 0
+    if out.any():  # sources outside: fixed points at their measured times
+        key = np.unique((e["rank"][out].astype(np.int64) << 40) | e["src_eid"][out])
+        con.register("_frontier", pa.table({"rank": (key >> 40).astype(np.int32),
+                                            "eid": key & ((1 << 40) - 1)}))
+        try:
+            fr = _fetch(con, f"""SELECT {cols} FROM cp_nodes SEMI JOIN _frontier f
+                                 ON f.rank = cp_nodes.rank AND f.eid = cp_nodes.eid
+                                 WHERE {sel.where(times=False)}""", sel.params)
+        finally:
+            con.unregister("_frontier")
+        fr["frontier"] = np.ones(len(fr["eid"]), dtype=bool)
+        nodes = {k: np.concatenate([nodes[k], fr[k]]) for k in nodes}
+    n_front = int(nodes["frontier"].sum())
+    return nodes, e, SlotIndex(nodes["rank"], nodes["eid"], dense=False), n_front
+
+
+def _concat(parts: list[tuple]) -> tuple[np.ndarray, ...]:
+    """Edge columns (src, dst, kind, role, op, inst) from parts whose scalars broadcast."""
+    n = [len(p[0]) for p in parts]
+    dtypes = (np.int64, np.int64, np.int8, np.int8, np.int64, np.int64)
+    out = []
+    for c, dt in enumerate(dtypes):
+        out.append(np.concatenate([np.broadcast_to(np.asarray(p[c], dtype=dt), (k,))
+                                   for p, k in zip(parts, n, strict=True)]))
+    return tuple(out)
+
+
+def _identity_weights(indptr: np.ndarray, dst: np.ndarray, lag: np.ndarray, kind: np.ndarray,
+                      role: np.ndarray, slot_rank: np.ndarray, ranks: np.ndarray
+                      ) -> np.ndarray:
+    """Per edge (in CSR order): its lag when it is its point's binding edge (the smallest
+    lag into it) or not FIXED, else the median binding lag of its kind on its rank (0 for
+    CPU program order); arrival edges 0 (a barrier waits for the last arrival)."""
+    from .simulate import smallest_in_edges
+
+    binding = smallest_in_edges(indptr, lag)
+    base_w = lag.copy()
+    fixed = role == FIXED
+    relax = fixed & ~binding
+    cpu = kind == _CPU_ORDER
+    held = np.flatnonzero(relax & cpu)  # program order held back by something else: no work
+    base_w[held] = np.minimum(lag[held], 0.0)
+    other = np.flatnonzero(relax & ~cpu)
+    if len(other):
+        ref = np.flatnonzero(binding & fixed & ~cpu)
+
+        def key(e: np.ndarray) -> np.ndarray:
+            return (kind[e].astype(np.int64) * (len(ranks) + 1)
+                    + np.searchsorted(ranks, slot_rank[dst[e] >> 1]))
+
+        floor = _group_median(key(other), key(ref), lag[ref])
+        base_w[other] = np.minimum(lag[other], floor)
+    base_w[role == ARRIVAL] = 0.0
+    return base_w
+
+
+def _instances(ci: dict, inst_all: np.ndarray, used: np.ndarray, names_all: np.ndarray,
+               n_inst: int, inst_idx: np.ndarray) -> dict:
+    """ReplayGraph.insts, per replayed instance, from its rows on every rank of the job."""
+    rows = inst_all >= 0
+    ii = inst_all[rows]
     first = np.full(n_inst, -1, dtype=np.int64)
-    first[inst_idx[::-1]] = np.arange(len(inst_idx))[::-1]
+    first[ii[::-1]] = np.flatnonzero(rows)[::-1]
+    dur = (ci["end_ns"] - ci["ts_ns"]).astype(np.float64)
+    transfer = _transfer_ns(dur[rows], ii, n_inst)
     members: list[list[int]] = [[] for _ in range(n_inst)]
-    for i, r in zip(inst_idx.tolist(), ci["rank"].tolist(), strict=True):
+    for i, r in zip(ii.tolist(), ci["rank"][rows].tolist(), strict=True):
         members[i].append(int(r))
     group_ranks = []
     for i in range(n_inst):
         g, size = ci["group_ranks"][first[i]], ci["group_size"][first[i]]
-        if g:
+        if g is not None and len(g):
             group_ranks.append(sorted(int(r) for r in g))
-        elif size is not None and int(size) > len(members[i]):
+        elif size is not None and not np.isnan(size) and int(size) > len(members[i]):
             group_ranks.append(list(range(int(size))))
         else:
             group_ranks.append(sorted(members[i]))
-    nbytes = np.array([np.nan if b is None else float(b) for b in ci["bytes"]])
-    # a transfer's own duration edge is the transfer alone (the last arrival's duration)
-    comm_dur = role == COMM_DURATION
-    base_w[comm_dur] = transfer[inst[comm_dur]]
-    insts = {
-        "instance": inst_names,
+
+    def num(col: str) -> np.ndarray:
+        v = ci[col][first]
+        return np.array([np.nan if x is None else float(x) for x in v.tolist()])
+
+    step = num("step")
+    return {
+        "instance": names_all[used],
         "collective": ci["collective"][first].astype(str),
         "kind": ci["kind"][first].astype(str),  # collective_ranks.kind
-        "bytes": nbytes[first],
+        "bytes": num("bytes"),
         "pg_desc": ci["pg_desc"][first],
         "group_ranks": group_ranks,
         "transfer_ns": transfer,
-        "n_ranks": np.bincount(inst_idx, minlength=n_inst),
-        "step": np.array([-1 if s is None else int(s) for s in ci["step"][first]],
-                         dtype=np.int64),  # the step of the call on its first rank
-        "elem_bytes": np.array([np.nan if b is None else float(b)
-                                for b in ci["elem_bytes"][first]]),
+        "n_ranks": np.bincount(inst_idx, minlength=n_inst),  # replayed ranks in it
+        "step": np.where(np.isnan(step), -1, step).astype(np.int64),  # on its first rank
+        "elem_bytes": num("elem_bytes"),
     }
-    devices = [d for (d,) in con.execute(
-        "SELECT DISTINCT unnest(device_names) FROM trace_files WHERE job = ? ORDER BY 1",
-        [job]).fetchall() if d]
-    return ReplayGraph(
-        job=job, origin_ns=origin, t0=t0, order=order, indptr=indptr, src=src, lag=lag,
-        base_w=base_w, kind=kind, role=role, op=op, inst=inst, cycle_breaks=int(breaks),
-        rank=per_slot(ev["rank"], -1, np.int32),
-        eid=per_slot(ev["eid"], -1, np.int64), track=per_slot(ev["track_id"], -1, np.int32),
-        cls=cls, parent=per_slot(parent, -1, np.int64),
-        is_gpu=per_slot(ev["is_gpu"], False, bool), n_event_slots=n_ev_slots,
-        ops=op_info, insts=insts, steps=steps, step_complete=complete,
-        rank_steps=rank_steps, breakdown=breakdown, ranks=ranks, devices=devices,
-        grad_numel=_grad_numel(con, job))
+
+
+def _op_details(con: duckdb.DuckDBPyConnection, sel: _Selection, slot_of: SlotIndex,
+                op_slot: np.ndarray) -> dict:
+    """The GPU ops' kind, name, category, op_name and shapes, aligned with ``op_slot``."""
+    d = _fetch(con, _OPS_DETAIL_SQL.format(where=sel.where("g")), sel.params)
+    where = np.full(slot_of.n, -1, dtype=np.int64)
+    s = slot_of(d["rank"], d["eid"])
+    ok = s >= 0
+    where[s[ok]] = np.flatnonzero(ok)
+    row = where[op_slot]
+    return {k: d[k][row] for k in ("kind", "name", "category", "op_name", "dims", "types")}
 
 
 def _transfer_ns(x_dur: np.ndarray, inst_idx: np.ndarray, n_inst: int) -> np.ndarray:
@@ -359,7 +720,8 @@ def _transfer_ns(x_dur: np.ndarray, inst_idx: np.ndarray, n_inst: int) -> np.nda
     carry the offsets' error: up to 0.9 ms on the 2021 BERT pair). It never exceeds any
     rank's own time, so a transfer's duration edge never binds in the identity replay, and
     it is what sizes a collective the trace does not (``model.effective_bytes``). When a
-    group's ranks are not all traced the shortest traced one may still include waiting."""
+    group's ranks are not all traced the shortest traced one may still include waiting.
+    Taken over every rank of the job, replayed or not (``_instances``)."""
     transfer = np.full(n_inst, np.inf)
     np.minimum.at(transfer, inst_idx, x_dur)
     return transfer
@@ -379,36 +741,71 @@ def _grad_numel(con: duckdb.DuckDBPyConnection, job: str) -> dict[int, int]:
     return out
 
 
-def _rank_steps(con: duckdb.DuckDBPyConnection, job: str, steps: np.ndarray, slot_of: Slots,
-                is_node: np.ndarray, t0: np.ndarray, origin: int) -> dict:
-    """ReplayGraph.rank_steps: per (rank, step) row of the steps view, the point whose time
-    starts it (start_node + start_off) and the points whose latest time ends it (end_node +
-    end_off per end_row), where the view's rules need them: a tiled rank's last step (its
-    annotation and the GPU ops launched in it), every window that is not tiled. A time
-    window (--window) starts at its first event's start and ends at the latest end of the
-    events inside it, each kept at its distance to the window's bound, so the identity gives
-    its bounds."""
-    st = {k: _unmasked(v) for k, v in con.execute(
-        """SELECT rank, step, coalesce(start_eid, -1) AS start_eid, coalesce(eid, -1) AS eid,
-                  tiled, side = 'window' AS is_window, start_ns - $o AS start_t,
-                  end_ns - $o AS end_t,
-                  step = max(step) OVER (PARTITION BY rank) AS last
-           FROM steps WHERE job = $job ORDER BY rank, step""",
-        {"job": job, "o": origin}).fetchnumpy().items()}
+def _steps(con: duckdb.DuckDBPyConnection, sel: _Selection, slot_of: SlotIndex,
+           inside: np.ndarray, t0: np.ndarray, origin: int
+           ) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict]:
+    """(steps, complete, reported, rank_steps) of the replay: the job steps (job_steps),
+    whether each is reported (False for the neighbours of a --steps range, read so that the
+    range's steps tile as in the whole job: the step before starts no earlier than its
+    measured start, the step after starts where the range ends), and ReplayGraph.rank_steps:
+    per (rank, step) row of the steps view, the point whose time starts it (start_node +
+    start_off) and the points whose latest time ends it (end_node + end_off per end_row),
+    where the view's rules need them: a tiled rank's last step (its annotation and the GPU
+    ops launched in it), every window that is not tiled. A time window (--window) starts at
+    its first event's start and ends at the latest end of the events inside it, each kept at
+    its distance to the window's bound, so the identity gives its bounds."""
+    rank_sql = "" if sel.ranks is None else f" AND rank IN ({', '.join(map(str, sel.ranks))})"
+    if sel.steps is None:
+        in_range, cond = "TRUE", "TRUE"
+    else:
+        a, b = sel.steps
+        in_range = f"step BETWEEN {a} AND {b}"
+        cond = (f"{in_range} OR (tiled AND (next_step BETWEEN {a} AND {b} "
+                f"OR prev_step BETWEEN {a} AND {b}))")
+    st = _fetch(con, f"""
+        WITH s AS (
+            SELECT rank, step, coalesce(start_eid, -1) AS start_eid, coalesce(eid, -1) AS eid,
+                   tiled, side = 'window' AS is_window, start_ns - $o AS start_t,
+                   end_ns - $o AS end_t, step = max(step) OVER (PARTITION BY rank) AS last,
+                   lead(step) OVER (PARTITION BY rank ORDER BY step) AS next_step,
+                   lag(step) OVER (PARTITION BY rank ORDER BY step) AS prev_step
+            FROM steps WHERE job = $job{rank_sql})
+        SELECT rank, step, start_eid, eid, tiled, is_window, start_t, end_t, last,
+               {in_range} AS reported
+        FROM s WHERE {cond} ORDER BY rank, step""", {"job": sel.job, "o": origin})
+    js = _fetch(con, "SELECT step, complete FROM job_steps WHERE job = $job ORDER BY step",
+                {"job": sel.job})
+    keep = np.isin(js["step"], st["step"]) if sel.steps is not None else slice(None)
+    steps = np.asarray(js["step"][keep], dtype=np.int64)
+    complete = np.asarray(js["complete"][keep], dtype=bool)
+    reported = (np.ones(len(steps), dtype=bool) if sel.steps is None
+                else (steps >= sel.steps[0]) & (steps <= sel.steps[1]))
+    if len(steps) == 0:  # no ProfilerStep (inference, a custom loop): the whole trace, as
+        # the critical path does; step number NO_STEP
+        steps, complete = np.array([NO_STEP], dtype=np.int64), np.array([True])
+        reported = np.array([True])
     n = len(st["rank"])
     rank = np.asarray(st["rank"], dtype=np.int64)
-    start_slot = np.where(st["start_eid"] >= 0, slot_of(rank, np.maximum(st["start_eid"], 0)),
-                          -1)
-    start_ok = (start_slot >= 0) & is_node[np.maximum(start_slot, 0)]
+    ctx = ~np.asarray(st["reported"], dtype=bool)  # a neighbour of the range
+    start_slot = slot_of(rank, st["start_eid"])
+    start_ok = (start_slot >= 0) & ~ctx
+    start_ok[start_ok] = inside[start_slot[start_ok]]
     start_node = np.where(start_ok, 2 * start_slot, -1)
     start_off = np.zeros(n)
     fixed = np.where(start_ok, np.nan, st["start_t"]).astype(np.float64)
-    ends = st["last"] | ~st["tiled"]  # rows whose end is their latest point
-    ps_slot = np.where(st["eid"] >= 0, slot_of(rank, np.maximum(st["eid"], 0)), -1)
-    ps = np.flatnonzero(ends & (ps_slot >= 0) & is_node[np.maximum(ps_slot, 0)])
-    ops = con.execute(
-        """SELECT o.rank, o.eid, o.step FROM step_gpu_ops o JOIN cp_nodes n ON n.job = o.job
-           AND n.rank = o.rank AND n.eid = o.eid WHERE o.job = ?""", [job]).fetchnumpy()
+    ends = (st["last"] | ~st["tiled"]) & ~ctx  # rows whose end is their latest point
+    ps_slot = slot_of(rank, st["eid"])
+    ps_ok = ends & (ps_slot >= 0)
+    ps_ok[ps_ok] = inside[ps_slot[ps_ok]]
+    ps = np.flatnonzero(ps_ok)
+    step_sql = "" if sel.steps is None else f" AND step BETWEEN {sel.steps[0]} AND {sel.steps[1]}"
+    ops = _fetch(con, f"SELECT rank, eid, step FROM step_gpu_ops WHERE job = $job{rank_sql}"
+                      f"{step_sql}", {"job": sel.job})
+    op_slot = slot_of(ops["rank"], ops["eid"])
+    ok = op_slot >= 0
+    ok[ok] = inside[op_slot[ok]]
+    ops = {k: v[ok] for k, v in ops.items()}
+    op_slot = op_slot[ok]
     # each op's row: rows are sorted by (rank, step), so one searchsorted on a packed key
     row_key = (rank << 32) + np.asarray(st["step"], dtype=np.int64)
     op_key = (ops["rank"].astype(np.int64) << 32) + ops["step"].astype(np.int64)
@@ -419,69 +816,48 @@ def _rank_steps(con: duckdb.DuckDBPyConnection, job: str, steps: np.ndarray, slo
     op_end = op_row >= 0
     op_end[op_end] = ends[op_row[op_end]]
     end_row = [ps, ps, op_row[op_end]]
-    end_node = [2 * ps_slot[ps], 2 * ps_slot[ps] + 1,
-                2 * slot_of(ops["rank"][op_end], ops["eid"][op_end]) + 1]
+    end_node = [2 * ps_slot[ps], 2 * ps_slot[ps] + 1, 2 * op_slot[op_end] + 1]
     end_off = [np.zeros(len(ps)), np.zeros(len(ps)), np.zeros(int(op_end.sum()))]
-    for i in np.flatnonzero(st["is_window"]):  # the window's first and last event on the rank
-        lo, hi = slot_of.base[np.searchsorted(slot_of.ranks, rank[i])] + np.array(
-            [0, slot_of.sizes[np.searchsorted(slot_of.ranks, rank[i])]])
-        sl = np.arange(lo, hi)[is_node[lo:hi]]
-        s_t, e_t = t0[2 * sl], t0[2 * sl + 1]
-        inside = (s_t >= st["start_t"][i]) & (e_t <= st["end_t"][i])
-        if not inside.any():
+    for i in np.flatnonzero(st["is_window"] & ~ctx):  # the window's first and last event
+        r = np.searchsorted(slot_of.ranks, rank[i])
+        if r >= len(slot_of.ranks) or slot_of.ranks[r] != rank[i]:
             continue
-        first = sl[inside][np.argmin(s_t[inside])]
+        lo = slot_of.base[r]
+        sl = lo + np.flatnonzero(inside[lo:lo + slot_of.sizes[r]])
+        s_t, e_t = t0[2 * sl], t0[2 * sl + 1]
+        within = (s_t >= st["start_t"][i]) & (e_t <= st["end_t"][i])
+        if not within.any():
+            continue
+        first = sl[within][np.argmin(s_t[within])]
         start_node[i], fixed[i] = 2 * first, np.nan
         start_off[i] = st["start_t"][i] - t0[2 * first]
         # the end: the latest end of the work inside, kept at its distance to the bound
-        end_row.append(np.full(int(inside.sum()), i))
-        end_node.append(2 * sl[inside] + 1)
-        end_off.append(np.full(int(inside.sum()), st["end_t"][i] - e_t[inside].max()))
-    return {
+        end_row.append(np.full(int(within.sum()), i))
+        end_node.append(2 * sl[within] + 1)
+        end_off.append(np.full(int(within.sum()), st["end_t"][i] - e_t[within].max()))
+    rank_steps = {
         "rank": rank, "step_idx": np.searchsorted(steps, st["step"]),
         "tiled": np.asarray(st["tiled"], dtype=bool),
         "start_node": start_node, "start_off": start_off, "start_fixed": fixed,
         "end_row": np.concatenate(end_row).astype(np.int64),
         "end_node": np.concatenate(end_node).astype(np.int64),
         "end_off": np.concatenate(end_off).astype(np.float64)}
+    return steps, complete, reported, rank_steps
 
 
-def _unmasked(a: np.ndarray) -> np.ndarray:
-    """A fetched column without numpy's mask: NULL text becomes None (hashable, falsy)."""
-    if not np.ma.isMaskedArray(a):
-        return a
-    if a.dtype == object:
-        out = np.asarray(a.data, dtype=object).copy()
-        out[np.ma.getmaskarray(a)] = None
-        return out
-    return a.filled(-1)
-
-
-def _group_median(key: np.ndarray, value: np.ndarray, ref: np.ndarray) -> np.ndarray:
-    """Per element: the median of ``value`` over the ``ref`` elements with the same ``key``
-    (0 where the key has none)."""
+def _group_median(key: np.ndarray, ref_key: np.ndarray, ref_value: np.ndarray) -> np.ndarray:
+    """Per element of ``key``: the median of ``ref_value`` over the reference elements with
+    the same key (0 where the key has none)."""
     out = np.zeros(len(key))
-    if not ref.any():
+    if not len(ref_key):
         return out
-    k, v = key[ref], value[ref]
-    o = np.lexsort((v, k))
-    k, v = k[o], v[o]
+    o = np.lexsort((ref_value, ref_key))
+    k, v = ref_key[o], ref_value[o]
     uniq, start, count = np.unique(k, return_index=True, return_counts=True)
     med = (v[start + (count - 1) // 2] + v[start + count // 2]) / 2
-    pos = np.searchsorted(uniq, key)
-    hit = (pos < len(uniq)) & (uniq[np.minimum(pos, len(uniq) - 1)] == key)
+    pos = np.minimum(np.searchsorted(uniq, key), len(uniq) - 1)
+    hit = uniq[pos] == key
     out[hit] = med[pos[hit]]
-    return out
-
-
-def _columns(cur: duckdb.DuckDBPyConnection) -> dict[str, np.ndarray]:
-    """A small result as one object array per column (lists stay lists)."""
-    rows = cur.fetchall()
-    out = {}
-    for i, d in enumerate(cur.description):
-        col = np.empty(len(rows), dtype=object)
-        col[:] = [r[i] for r in rows]
-        out[d[0]] = col
     return out
 
 

@@ -30,9 +30,8 @@ from tracetool.analysis.critical_path import (
 from tracetool.numbers import round_ns
 
 from .band import bounds, describe, edge_errors
-from .graph import NO_STEP, ReplayGraph, build_graph
+from .graph import NO_STEP, Bounds, ReplayGraph, build_graph
 from .model import Scenario, weights
-from .simulate import binding_edges, schedule
 
 # step_breakdown's partition of a rank's step (its columns without _ns): these add up to it
 BREAKDOWN = ("compute", "exposed_comm", "exposed_memcpy", "idle")
@@ -65,12 +64,30 @@ class ReplayResult:
     steps: list[StepResult]
     times_ns: np.ndarray  # projected time of every node, ns since the epoch
     notes: list[str] = field(default_factory=list)
-    # the projected critical path, one dict per segment in time order: step, seq, rank
-    # (None for filler), eid (None for idle), kind (SEGMENT_KINDS), start_ns, end_ns
-    path: list[dict] = field(default_factory=list)
+    # the projected critical path as arrays, one entry per segment in time order: step, seq,
+    # rank (-1 for filler), eid (-1 for idle), kind (index into SEGMENT_KINDS), start_ns,
+    # end_ns; ``path`` gives them as dicts
+    path_arrays: dict[str, np.ndarray] = field(default_factory=dict)
+    bounds: dict = field(default_factory=dict)  # what was replayed (Replayer.selection)
+
+    @property
+    def path(self) -> list[dict]:
+        """The projected critical path, one dict per segment in time order: step, seq, rank
+        (None for filler), eid (None for idle), kind (SEGMENT_KINDS), start_ns, end_ns.
+        Built on use: a 1M-event rank's path has ~250k segments."""
+        a = self.path_arrays
+        if not a or not len(a["seq"]):
+            return []
+        cols = [a[k].tolist() for k in ("step", "seq", "rank", "eid", "kind", "start_ns",
+                                         "end_ns")]
+        return [{"step": None if st == NO_STEP else st, "seq": q,
+                 "rank": None if r < 0 else r, "eid": None if e < 0 else e,
+                 "kind": SEGMENT_KINDS[k], "start_ns": a0, "end_ns": b0}
+                for st, q, r, e, k, a0, b0 in zip(*cols, strict=True)]
 
     def to_dict(self) -> dict:
         return {"job": self.job, "scenario": self.scenario, "notes": self.notes,
+                "bounds": self.bounds,
                 "steps": [{
                     "step": s.step, "complete": s.complete, "measured_step_ns": s.measured_ns,
                     "projected_step_ns": s.projected_ns, "low_ns": s.low_ns,
@@ -97,13 +114,17 @@ class Replayer:
         self._measured_breakdown: dict[int, dict[str, int]] | None = None
 
     @classmethod
-    def from_store(cls, con: duckdb.DuckDBPyConnection, job: str) -> Replayer:
-        return cls(build_graph(con, job))
+    def from_store(cls, con: duckdb.DuckDBPyConnection, job: str,
+                   bounds: Bounds | None = None) -> Replayer:
+        """The replayer of ``job``'s graph, limited to ``bounds`` (steps, ranks)."""
+        return cls(build_graph(con, job, bounds))
 
     def run(self, scenario: Scenario | None = None, *, critical_path: bool = True,
             breakdown: bool = True, include_incomplete: bool = False) -> ReplayResult:
         """Project every complete job step under ``scenario`` (identity if None; every step
         with ``include_incomplete``)."""
+        from .simulate import schedule  # numba: loaded once the graph is read
+
         scenario = scenario or Scenario()
         g = self.graph
         wts = weights(g, scenario)
@@ -115,17 +136,21 @@ class Replayer:
         err, used = edge_errors(g, scenario, wts.w)
         if used:
             alts += [self._step_times(w) for w in bounds(wts.w, err)]
-        low, high = self._band(np.where(g.step_complete, m.job_end - m.job_start, np.nan),
+        low, high = self._band(np.where(g.step_complete & g.step_reported,
+                                        m.job_end - m.job_start, np.nan),
                                p.job_end - p.job_start, np.array(alts))
         path, segments = (self._path(t, wts.w, p.job_start, p.job_end) if critical_path
-                          else (None, []))
+                          else (None, {}))
         if breakdown:
             if self._measured_breakdown is None:
                 self._measured_breakdown = self._breakdowns(g.t0, m)
-            measured_bd, projected_bd = self._measured_breakdown, self._breakdowns(t, p)
+            measured_bd = self._measured_breakdown
+            # the identity schedule is the measured timeline, exactly (integer ns in float64)
+            projected_bd = (measured_bd if np.array_equal(t, g.t0)
+                            else self._breakdowns(t, p))
         steps = []
         for i, s in enumerate(g.steps):
-            if not (g.step_complete[i] or include_incomplete):
+            if not (g.step_complete[i] or include_incomplete) or not g.step_reported[i]:
                 continue
             if not np.isfinite(m.job_start[i]) or not np.isfinite(m.job_end[i]):
                 continue
@@ -142,10 +167,23 @@ class Replayer:
                 complete=bool(g.step_complete[i])))
         times = np.round(t).astype(np.int64) + g.origin_ns
         return ReplayResult(job=g.job, scenario=scenario.label, steps=steps, times_ns=times,
-                            notes=wts.notes + describe(used), path=segments)
+                            notes=g.notes + wts.notes + describe(used), path_arrays=segments,
+                            bounds=self.selection())
+
+    def selection(self) -> dict:
+        """What the replay read, for the JSON: the step range and ranks asked (None: all),
+        the ranks replayed, the collectives whose last arrival was outside (their measured
+        wait kept as a fixed delay) and the outside events kept as fixed points."""
+        g = self.graph
+        return {"steps": None if g.bounds.steps is None else list(g.bounds.steps),
+                "ranks": None if g.bounds.ranks is None else list(g.bounds.ranks),
+                "replayed_ranks": g.replayed_ranks.tolist(), "job_ranks": g.ranks.tolist(),
+                "partial_collectives": g.partial, "fixed_points": g.frontier}
 
     def _step_times(self, w: np.ndarray) -> np.ndarray:
         """Projected job step times under edge weights ``w``."""
+        from .simulate import schedule
+
         g = self.graph
         s = step_windows(g, schedule(g.order, g.indptr, g.src, w, g.t0))
         return s.job_end - s.job_start
@@ -171,8 +209,8 @@ class Replayer:
         if len(w.rank_start):
             win_rank, win_step = rs["rank"], rs["step_idx"]
             a, b = w.rank_start, w.rank_end
-        else:  # one window over the whole trace: every rank's share of it
-            win_rank = g.ranks.astype(np.int64)
+        else:  # one window over the whole trace: every replayed rank's share of it
+            win_rank = g.replayed_ranks.astype(np.int64)
             win_step = np.zeros(len(win_rank), dtype=np.int64)
             a = np.full(len(win_rank), w.job_start[0])
             b = np.full(len(win_rank), w.job_end[0])
@@ -207,18 +245,20 @@ class Replayer:
         return out
 
     def _path(self, t: np.ndarray, w: np.ndarray, start: np.ndarray, end: np.ndarray
-              ) -> tuple[list[dict[str, int]], list[dict]]:
-        """Critical path of each projected step: ns per segment kind, and the segments (see
-        ReplayResult.path). The backward walk of tracetool.analysis.critical_path over the
-        edges that set each projected time."""
+              ) -> tuple[list[dict[str, int]], dict[str, np.ndarray]]:
+        """Critical path of each reported projected step: ns per segment kind, and the
+        segments as arrays (ReplayResult.path_arrays). The backward walk of
+        tracetool.analysis.critical_path over the edges that set each projected time."""
+        from .simulate import binding_edges
+
         g = self.graph
         edge = binding_edges(g.indptr, g.src, w, g.kind, t)
         has = edge >= 0
         ti = np.round(t).astype(np.int64)
         ev = np.arange(g.n_event_slots)
         ev = ev[g.rank[ev] >= 0]
-        ends = 2 * ev + 1
-        ends = ends[np.lexsort((g.eid[ev], g.rank[ev], g.is_gpu[ev], ti[ends]))]
+        ends = 2 * ev + 1  # by time, then CPU before GPU, then (rank, eid): slot order
+        ends = ends[np.argsort(2 * ti[ends] + g.is_gpu[ev], kind="stable")]
         pred = np.where(has, g.src[np.maximum(edge, 0)], -1)
         # an edge with a negative weight (a wait that ended just before its transfer's
         # recorded end) points forward in time: follow its source's own binding chain back
@@ -234,25 +274,30 @@ class Replayer:
                        ends=ends, rank=g.rank, eid=g.eid, track=g.track, cls=g.cls,
                        parent=g.parent)
         walker = PathWalker(pg)
-        out, segments = [], []
-        for step, a, b in zip(g.steps.tolist(), start, end, strict=True):
-            if not (np.isfinite(a) and np.isfinite(b)):
+        out, parts = [], []
+        for i, (step, a, b) in enumerate(zip(g.steps.tolist(), start, end, strict=True)):
+            if not (np.isfinite(a) and np.isfinite(b)) or not g.step_reported[i]:
                 out.append({})
                 continue
             seg = walker.walk(int(round(a)), int(round(b)))
             dur = seg["end"] - seg["start"]
-            out.append({k: int(dur[seg["kind"] == i].sum()) for i, k in enumerate(SEGMENT_KINDS)
-                        if (seg["kind"] == i).any()})
-            for i in range(len(dur)):
-                loc, attr = int(seg["loc"][i]), int(seg["attr"][i])
-                rank = int(g.rank[loc]) if 0 <= loc < g.n_event_slots else -1
-                segments.append({
-                    "step": None if step == NO_STEP else step, "seq": i,
-                    "rank": rank if rank >= 0 else None,
-                    "eid": int(g.eid[attr]) if 0 <= attr < g.n_event_slots else None,
-                    "kind": SEGMENT_KINDS[seg["kind"][i]],
-                    "start_ns": int(seg["start"][i]) + g.origin_ns,
-                    "end_ns": int(seg["end"][i]) + g.origin_ns})
+            by_kind = np.bincount(seg["kind"], weights=dur, minlength=len(SEGMENT_KINDS))
+            there = np.bincount(seg["kind"], minlength=len(SEGMENT_KINDS)) > 0
+            out.append({k: int(by_kind[i]) for i, k in enumerate(SEGMENT_KINDS) if there[i]})
+            loc, attr = seg["loc"].astype(np.int64), seg["attr"].astype(np.int64)
+            is_ev = (loc >= 0) & (loc < g.n_event_slots)
+            rank = np.where(is_ev, g.rank[np.where(is_ev, loc, 0)], -1)
+            has_eid = (attr >= 0) & (attr < g.n_event_slots)
+            parts.append({"step": np.full(len(dur), step, dtype=np.int64),
+                          "seq": np.arange(len(dur), dtype=np.int64),
+                          "rank": np.where(rank >= 0, rank, -1).astype(np.int64),
+                          "eid": np.where(has_eid, g.eid[np.where(has_eid, attr, 0)], -1),
+                          "kind": seg["kind"].astype(np.int64),
+                          "start_ns": seg["start"].astype(np.int64) + g.origin_ns,
+                          "end_ns": seg["end"].astype(np.int64) + g.origin_ns})
+        keys = ("step", "seq", "rank", "eid", "kind", "start_ns", "end_ns")
+        segments = {k: np.concatenate([p[k] for p in parts]) if parts
+                    else np.zeros(0, dtype=np.int64) for k in keys}
         return out, segments
 
 

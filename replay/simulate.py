@@ -14,8 +14,46 @@ from numba import njit
 
 
 @njit(cache=True)
-def _kahn(indptr: np.ndarray, out_ptr: np.ndarray, out_dst: np.ndarray,
-          by_time: np.ndarray) -> tuple[np.ndarray, int]:  # pragma: no cover - compiled
+def _kahn(indptr: np.ndarray, src: np.ndarray, roots: np.ndarray
+          ) -> tuple[np.ndarray, int]:  # pragma: no cover - compiled
+    n = len(indptr) - 1
+    m = len(src)
+    out_ptr = np.zeros(n + 1, dtype=np.int64)  # out-edges: a counting sort by source
+    for j in range(m):
+        out_ptr[src[j] + 1] += 1
+    for v in range(n):
+        out_ptr[v + 1] += out_ptr[v]
+    fill = out_ptr[:-1].copy()
+    out_dst = np.empty(m, dtype=np.int64)
+    for v in range(n):
+        for j in range(indptr[v], indptr[v + 1]):
+            s = src[j]
+            out_dst[fill[s]] = v
+            fill[s] += 1
+    indeg = indptr[1:] - indptr[:-1]
+    order = np.empty(n, dtype=np.int64)
+    queue = np.empty(n, dtype=np.int64)
+    tail = 0
+    for i in range(len(roots)):  # roots, in time order
+        queue[tail] = roots[i]
+        tail += 1
+    head = 0
+    while head < tail:
+        v = queue[head]
+        order[head] = v
+        head += 1
+        for j in range(out_ptr[v], out_ptr[v + 1]):
+            d = out_dst[j]
+            indeg[d] -= 1
+            if indeg[d] == 0:
+                queue[tail] = d
+                tail += 1
+    return order, head
+
+
+@njit(cache=True)
+def _kahn_breaking(indptr: np.ndarray, out_ptr: np.ndarray, out_dst: np.ndarray,
+                   by_time: np.ndarray) -> tuple[np.ndarray, int]:  # pragma: no cover
     n = len(indptr) - 1
     indeg = indptr[1:] - indptr[:-1]
     order = np.empty(n, dtype=np.int64)
@@ -59,15 +97,78 @@ def _kahn(indptr: np.ndarray, out_ptr: np.ndarray, out_dst: np.ndarray,
 def topological_order(indptr: np.ndarray, src: np.ndarray, t0: np.ndarray
                       ) -> tuple[np.ndarray, int]:
     """Nodes in an order where every edge's source comes first (Kahn's algorithm, roots by
-    measured time), and how many edges had to be ignored to break cycles."""
+    measured time), and how many edges had to be ignored to break cycles. The common case
+    (no cycle: every trace seen) sorts only the roots; a cycle reruns it with every node in
+    time order, to force each cycle's earliest node."""
+    indptr = np.ascontiguousarray(indptr, dtype=np.int64)
+    src = np.ascontiguousarray(src, dtype=np.int64)
+    roots = np.flatnonzero(indptr[1:] == indptr[:-1])
+    roots = roots[np.argsort(t0[roots], kind="stable")].astype(np.int64)
+    order, done = _kahn(indptr, src, roots)
+    if done == len(order):
+        return order, 0
     n = len(indptr) - 1
     dst = np.repeat(np.arange(n, dtype=np.int64), np.diff(indptr))
     by_src = np.argsort(src, kind="stable")
-    out_ptr = np.zeros(n + 1, dtype=np.int64)
-    np.add.at(out_ptr, src + 1, 1)
-    out_ptr = np.cumsum(out_ptr)
+    out_ptr = np.concatenate([[0], np.cumsum(np.bincount(src, minlength=n))]).astype(np.int64)
     by_time = np.argsort(t0, kind="stable").astype(np.int64)
-    return _kahn(indptr, out_ptr, dst[by_src].astype(np.int64), by_time)
+    return _kahn_breaking(indptr, out_ptr, dst[by_src].astype(np.int64), by_time)
+
+
+@njit(cache=True)
+def _csr(dst: np.ndarray, kind: np.ndarray, src: np.ndarray,
+         n: int) -> tuple[np.ndarray, np.ndarray]:  # pragma: no cover - compiled
+    indptr = np.zeros(n + 1, dtype=np.int64)
+    for j in range(len(dst)):
+        indptr[dst[j] + 1] += 1
+    for v in range(n):
+        indptr[v + 1] += indptr[v]
+    fill = indptr[:-1].copy()
+    perm = np.empty(len(dst), dtype=np.int64)
+    for j in range(len(dst)):
+        perm[fill[dst[j]]] = j
+        fill[dst[j]] += 1
+    for v in range(n):  # a point has few in-edges: insertion sort by (kind, src)
+        a = indptr[v]
+        for i in range(a + 1, indptr[v + 1]):
+            x = perm[i]
+            k = i - 1
+            while k >= a and (kind[perm[k]] > kind[x]
+                              or (kind[perm[k]] == kind[x] and src[perm[k]] > src[x])):
+                perm[k + 1] = perm[k]
+                k -= 1
+            perm[k + 1] = x
+    return perm, indptr
+
+
+def csr_by_destination(dst: np.ndarray, kind: np.ndarray, src: np.ndarray, n_nodes: int
+                       ) -> tuple[np.ndarray, np.ndarray]:
+    """(perm, indptr): edges ordered by destination, then kind, then source (so ties between
+    in-edges go to the earlier kind, whatever order the rows came in), as a CSR over
+    ``n_nodes`` nodes. A counting sort: linear in the edges."""
+    return _csr(np.ascontiguousarray(dst, dtype=np.int64),
+                np.ascontiguousarray(kind, dtype=np.int8),
+                np.ascontiguousarray(src, dtype=np.int64), n_nodes)
+
+
+@njit(cache=True)
+def _smallest(indptr: np.ndarray, lag: np.ndarray) -> np.ndarray:  # pragma: no cover
+    out = np.zeros(len(lag), dtype=np.bool_)
+    for v in range(len(indptr) - 1):
+        a, b = indptr[v], indptr[v + 1]
+        if a == b:
+            continue
+        best = lag[a]
+        for j in range(a + 1, b):
+            best = min(best, lag[j])
+        for j in range(a, b):
+            out[j] = lag[j] == best
+    return out
+
+
+def smallest_in_edges(indptr: np.ndarray, lag: np.ndarray) -> np.ndarray:
+    """Per edge (CSR order): is its lag the smallest into its point (the binding one)."""
+    return _smallest(indptr, np.ascontiguousarray(lag, dtype=np.float64))
 
 
 @njit(cache=True)
@@ -116,3 +217,15 @@ def binding_edges(indptr: np.ndarray, src: np.ndarray, w: np.ndarray, kind: np.n
     """Per node: the in-edge that set its time (latest source time + weight; ties to the
     earlier edge kind), -1 for nodes without in-edges. The critical path follows these."""
     return _binding(indptr, src, np.ascontiguousarray(w, dtype=np.float64), kind, t)
+
+
+def warm_up() -> None:
+    """Load every compiled function from numba's cache (about 0.3-0.5 s the first time in a
+    process, most of it numba's own start-up), so that a caller can do it on a thread while
+    it reads the graph from the store."""
+    indptr, src = np.array([0, 0, 1], dtype=np.int64), np.array([0], dtype=np.int64)
+    t0, w = np.zeros(2), np.ones(1)
+    order, _ = topological_order(indptr, src, t0)
+    csr_by_destination(np.array([1]), np.array([0], dtype=np.int8), src, 2)
+    smallest_in_edges(indptr, w)
+    binding_edges(indptr, src, w, np.zeros(1, dtype=np.int8), schedule(order, indptr, src, w, t0))

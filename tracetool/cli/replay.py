@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+import threading
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -15,10 +16,12 @@ import duckdb
 from tracetool.analysis.collectives import warn_collectives
 from tracetool.analysis.windows import use_windows
 from tracetool.cli._job import open_job, window_options, windows_of
+from tracetool.cli._store import store_arg
 from tracetool.errors import InputError
 from tracetool.replay import model
 from tracetool.replay.clocks import parse_gpu_clock, parse_power_cap
 from tracetool.replay.compute import CATEGORIES, WhatIfError, parse_speedup
+from tracetool.replay.graph import Bounds, NoSuchSteps, parse_ranks, parse_steps
 from tracetool.replay.hardware import Gpu, catalog_help
 from tracetool.replay.model import Scenario, check_speedups, resolve_gpu
 from tracetool.replay.network import Network, parse_network
@@ -70,6 +73,47 @@ def scenario_options(fn: Callable) -> Callable:
     return window_options(fn)
 
 
+def bounds_options(fn: Callable) -> Callable:
+    """--steps / --ranks: the part of the job replay and sweep read (docs/steps.md)."""
+    for opt in reversed([
+        click.option("--steps", "steps_range", help="Replay only ProfilerSteps A to B "
+                     "(A:B, inclusive; or N): only their events are read, the events "
+                     "just before kept at their measured times."),
+        click.option("--ranks", "ranks_spec", help="Replay only these ranks: a list with "
+                     "ranges (0,2-5), or 'replica' for one data-parallel replica. Collectives "
+                     "waiting on other ranks keep their measured wait (a note says how "
+                     "many); --dp-scale still projects the whole job's groups."),
+    ]):
+        fn = opt(fn)
+    return fn
+
+
+def parse_bounds(steps_range: str | None, ranks_spec: str | None,
+                 step: int | None = None) -> tuple[tuple[int, int] | None,
+                                                    tuple[int, ...] | str | None]:
+    """The --steps / --step and --ranks values, checked before the store is opened
+    (InputError: exit 2)."""
+    if step is not None and steps_range is not None:
+        raise InputError("give --step or --steps, not both")
+    steps = parse_steps(steps_range) if steps_range is not None else (
+        (step, step) if step is not None else None)
+    return steps, parse_ranks(ranks_spec) if ranks_spec is not None else None
+
+
+def start_compiler() -> threading.Thread:
+    """Load the simulator's compiled code on a thread, while the main one opens the store
+    and reads the graph (DuckDB releases the GIL): numba's start-up is a third of a
+    replay's time on a 1M-event rank otherwise."""
+    def load() -> None:
+        from tracetool.replay.simulate import warm_up
+
+        warm_up()
+
+    t = threading.Thread(target=load, name="numba-warm-up", daemon=True)
+    t.start()
+    return t
+
+
 def gpu_option(option: str, text: str) -> Gpu:
     """The catalog GPU ``option`` names (``WhatIfError`` naming the option otherwise)."""
     try:
@@ -110,7 +154,7 @@ def base_scenario(replayer: Replayer, source_gpu: str | None, source_net: str | 
         power_cap=parse_power_cap(power_cap) if power_cap is not None else None)
 
 
-def fail(store: Path, err: Exception) -> None:
+def fail(store: Path | str, err: Exception) -> None:
     """One line on stderr; exit 2 for an input that names or changes nothing (InputError: a
     usage error, as click's), 1 for the rest."""
     if isinstance(err, click.ClickException):
@@ -119,14 +163,18 @@ def fail(store: Path, err: Exception) -> None:
         click.echo(f"tracetool: error: {str(err).strip().splitlines()[0]}", err=True)
         sys.exit(2)
     else:
-        click.echo(f"tracetool: error: {store}: {str(err).strip().splitlines()[0]}", err=True)
+        line = str(err).strip().splitlines()[0]
+        where = "" if line.startswith(f"{store}:") else f"{store}: "  # named once
+        click.echo(f"tracetool: error: {where}{line}", err=True)
     sys.exit(1)
 
 
 @click.command("replay")
-@click.argument("store", type=click.Path(path_type=Path, file_okay=False))
+@click.argument("store", type=store_arg(file_okay=False))
 @scenario_options
-@click.option("--step", type=int, help="One ProfilerStep (default: every complete step).")
+@bounds_options
+@click.option("--step", type=int, help="One ProfilerStep (default: every complete step); "
+              "as --steps N:N.")
 @click.option("--gpu", help=f"Project onto this GPU: {GPU_HELP}.")
 @click.option("--network", help="Project onto this network: key=value,... (gpus_per_node, "
                                 "intra_node_bw, inter_node_bw, ..._latency, ranks_per_dc, "
@@ -142,7 +190,8 @@ def replay_command(store: Path, job: str | None, source_gpu: str | None,
                    source_network: str | None, speedups: tuple[str, ...],
                    gpu_clock: str | None, power_cap: str | None,
                    include_incomplete: bool, annotation: str | None, instance: int | None,
-                   window: str | None, step: int | None, gpu: str | None,
+                   window: str | None, steps_range: str | None, ranks_spec: str | None,
+                   step: int | None, gpu: str | None,
                    network: str | None, dp_scale: int, as_json: bool, chrome: Path | None,
                    plot: Path | None) -> None:
     """Replay a job's dependency graph with new kernel and collective durations and print
@@ -153,16 +202,25 @@ def replay_command(store: Path, job: str | None, source_gpu: str | None,
     Exit code 0; 2 on a what-if that names or changes nothing: a --gpu / --source-gpu not in
     the catalog, a --speedup with an unknown category or one matching no GPU op of the job,
     a --gpu-clock outside the GPU's range, a --power-cap below its minimum limit, either of
-    them unparsable or on a CPU job; 1 on a bad store, job, step or other setting (one line
-    on stderr)."""
-    from tracetool.replay.run import BREAKDOWN, Replayer  # loads the compiler: only here
+    them unparsable or on a CPU job, a bad --steps (A > B, or no step of the job in it) or
+    --ranks (a rank the job does not have, a replica that cannot be told); 1 on a bad
+    store, job, --step or other setting (one line on stderr)."""
+    from tracetool.replay.run import BREAKDOWN, Replayer
 
     try:
         parse_whatifs(source_gpu, speedups, (gpu,) if gpu else (), gpu_clock, power_cap)
+        steps, ranks = parse_bounds(steps_range, ranks_spec, step)
         windows = windows_of(annotation, instance, window)
+        start_compiler()
         con, job = open_job(store, job)
         use_windows(con, job, windows)
-        replayer = Replayer.from_store(con, job)
+        try:
+            replayer = Replayer.from_store(con, job, Bounds(steps, ranks))
+        except NoSuchSteps:
+            if step is None:
+                raise
+            raise click.ClickException(f"{store}: job {job} has no complete "
+                                       f"ProfilerStep#{step}") from None
         sc = base_scenario(replayer, source_gpu, source_network, speedups, gpu_clock,
                            power_cap)
         label = []
@@ -209,7 +267,10 @@ def replay_command(store: Path, job: str | None, source_gpu: str | None,
     if as_json:
         click.echo(json.dumps(report))
         return
-    click.echo(f"job {job}, scenario: {result.scenario}")
+    read = result.bounds
+    where = "".join([f", steps {read['steps'][0]}:{read['steps'][1]}" if read["steps"] else "",
+                     f", ranks {ranks_spec}" if read["ranks"] else ""])
+    click.echo(f"job {job}, scenario: {result.scenario}{where}")
     for note in result.notes:
         click.echo(f"note: {note}")
     click.echo(f"{'step':>6} {'measured ms':>12} {'projected ms':>13} {'band ms':>22} "

@@ -13,13 +13,25 @@ import duckdb
 from tracetool.analysis.collectives import warn_collectives
 from tracetool.analysis.windows import use_windows
 from tracetool.cli._job import open_job, windows_of
-from tracetool.cli.replay import GPU_HELP, base_scenario, fail, parse_whatifs, scenario_options
+from tracetool.cli._store import store_arg
+from tracetool.cli.replay import (
+    GPU_HELP,
+    base_scenario,
+    bounds_options,
+    fail,
+    parse_bounds,
+    parse_whatifs,
+    scenario_options,
+    start_compiler,
+)
+from tracetool.replay.graph import Bounds
 from tracetool.replay.plots import plot_sweep
 
 
 @click.command("sweep")
-@click.argument("store", type=click.Path(path_type=Path, file_okay=False))
+@click.argument("store", type=store_arg(file_okay=False))
 @scenario_options
+@bounds_options
 @click.option("--network", "axes", multiple=True,
               help="A network axis key=v1,v2,... (e.g. inter_node_bw=25,50,100Gbit/s); "
                    "repeat for a grid.")
@@ -33,7 +45,8 @@ def sweep_command(store: Path, job: str | None, source_gpu: str | None,
                   source_network: str | None, speedups: tuple[str, ...],
                   gpu_clock: str | None, power_cap: str | None, include_incomplete: bool,
                   annotation: str | None, instance: int | None,
-                  window: str | None, axes: tuple[str, ...], gpus: str | None,
+                  window: str | None, steps_range: str | None, ranks_spec: str | None,
+                  axes: tuple[str, ...], gpus: str | None,
                   dp_scales: str | None, out: Path, as_json: bool) -> None:
     """Evaluate a grid of settings against one built graph: a table (sweep.csv) and a PNG
     (sweep.png: the projected step time and its band; for one axis of up to 12 settings a
@@ -43,8 +56,9 @@ def sweep_command(store: Path, job: str | None, source_gpu: str | None,
     Exit code 0; 2 on a what-if that names or changes nothing: a --gpu entry or --source-gpu
     not in the catalog, a --speedup with an unknown category or one matching no GPU op of
     the job, a --gpu-clock or --power-cap that is bad for any GPU of the sweep (they apply to
-    every setting); 1 on a bad store, job or other setting (one line on stderr)."""
-    from tracetool.replay.run import Replayer  # loads the compiler: only here
+    every setting), a bad --steps or --ranks (as for replay); 1 on a bad store, job or
+    other setting (one line on stderr)."""
+    from tracetool.replay.run import Replayer
     from tracetool.replay.sweep import sweep
 
     try:
@@ -61,15 +75,18 @@ def sweep_command(store: Path, job: str | None, source_gpu: str | None,
                 raise click.ClickException(f"bad --dp-scale {dp_scales!r}: integers >= 1")
         gpu_list = [g.strip() for g in gpus.split(",")] if gpus else []
         parse_whatifs(source_gpu, speedups, tuple(gpu_list), gpu_clock, power_cap)
+        bounds = Bounds(*parse_bounds(steps_range, ranks_spec))
         windows = windows_of(annotation, instance, window)
+        start_compiler()
         con, job = open_job(store, job)
         use_windows(con, job, windows)
-        replayer = Replayer.from_store(con, job)
+        replayer = Replayer.from_store(con, job, bounds)
         base = base_scenario(replayer, source_gpu, source_network, speedups, gpu_clock,
                              power_cap)
         rows = sweep(replayer, base, list(axes), gpu_list or None, scales,
                      include_incomplete=include_incomplete)
         warn_collectives(con, job)  # after the what-ifs were checked: a bad one is one line
+        read, notes = replayer.selection(), replayer.graph.notes
         con.close()
         out.mkdir(parents=True, exist_ok=True)
         table, png = out / "sweep.csv", out / "sweep.png"
@@ -81,9 +98,12 @@ def sweep_command(store: Path, job: str | None, source_gpu: str | None,
         fail(store, err)
         return
     if as_json:
-        click.echo(json.dumps({"job": job, "rows": rows, "csv": str(table), "png": str(png)}))
+        click.echo(json.dumps({"job": job, "bounds": read, "notes": notes, "rows": rows,
+                               "csv": str(table), "png": str(png)}))
         return
     click.echo(f"job {job}: {len(rows)} settings, one graph")
+    for note in notes:
+        click.echo(f"note: {note}")
     click.echo(f"{'setting':40} {'measured ms':>12} {'projected ms':>13} {'band ms':>22}")
     for r in rows:
         band = f"[{r['low_ns'] / 1e6:.3f}, {r['high_ns'] / 1e6:.3f}]"
