@@ -25,7 +25,7 @@ import re
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
@@ -200,6 +200,24 @@ class GenStats:
         return self.bytes / 1e6 / self.seconds if self.seconds > 0 else 0.0
 
 
+@dataclass
+class JobRank:
+    """One rank of a lockstep multi-rank job (generate(job=...), job_ranks()): the job's
+    ranks share the timeline seed (same program, same durations), so the collectives match
+    by Seq and call order across all of them, while each rank has its own ids and pids
+    (`ids_seed`) and its node's clock (`clock_offset_ns`, added to every time).
+    `straggle`: Seq -> extra ns of compute (a longer GEMM) just before that all-reduce.
+    `coll_end`: Seq -> when the collective ends on the job's clock (the last rank's
+    arrival + transfer), so every rank's NCCL kernel runs until then; `ends` is filled with
+    this rank's own end per Seq (job_ranks() iterates on it)."""
+
+    ids_seed: int
+    clock_offset_ns: int = 0
+    straggle: dict[int, int] = field(default_factory=dict)
+    coll_end: dict[int, int] = field(default_factory=dict)
+    ends: dict[int, int] = field(default_factory=dict)
+
+
 class _Collector:
     """Tracks first/last GPU op per stream launched under a user annotation (Kineto's
     gpu_user_annotation spans)."""
@@ -215,7 +233,8 @@ class _Collector:
 class _Gen:
     """Lays out one rank's timeline and formats its events; one instance per output file."""
 
-    def __init__(self, seed: int, rank: int, world: int, sink: Callable[[str], None]) -> None:
+    def __init__(self, seed: int, rank: int, world: int, sink: Callable[[str], None],
+                 job: JobRank | None = None) -> None:
         self.rng = random.Random(seed)
         self.rand = self.rng.random
         self.sink = sink
@@ -251,6 +270,10 @@ class _Gen:
         self.py_parent = self.pyid - 7
         self.collectors: list[_Collector] = []
         self.post_parents = False
+        self.job = job
+        self.idrng = self.rng
+        if job is not None:
+            self._job_identity(job)
         self._templates()
 
     # ------------------------------------------------------------------ templates
@@ -807,6 +830,8 @@ class _Gen:
         annotation, event/wait calls and the NCCL kernel on its own stream."""
         bwd = self.bwd
         self.coll_seq += 1
+        if self.job is not None and self.coll_seq in self.job.straggle:
+            t = self._straggle(t, self.job.straggle[self.coll_seq])
         self.ev += 1
         t += 400 + int(900 * self.rand())
         self.ext += 1
@@ -825,6 +850,8 @@ class _Gen:
         self.gpu.append(self.FLOW_S[bwd] % (corr, t_rt // 1000, t_rt % 1000))
         kd = int(nelems * 4 / 90.0 * (0.85 + 0.3 * self.rand())) + 15_000
         ks = self._gpu_op(NCCL_STREAM, t_rt, kd, after=self.free[COMPUTE_STREAM] + 2000)
+        if self.job is not None:
+            ks, kd = self._sync_end(ks, kd)
         self.gpu.append(self.NCCL_T % (ks // 1000, ks % 1000, kd // 1000, kd % 1000, ext, corr,
                                        nelems, nelems, self.coll_seq))
         self.gpu.append(self.FLOW_F_GPU[NCCL_STREAM] % (corr, ks // 1000, ks % 1000))
@@ -839,6 +866,80 @@ class _Gen:
                                        nelems, ev, nelems, self.coll_seq)
         self.open_slots -= 1
         return t
+
+    # ------------------------------------------------------------------ jobs (JobRank)
+
+    def _job_identity(self, job: JobRank) -> None:
+        """A rank of a lockstep job: the timeline rng (self.rng) is the job's, so every rank
+        lays out the same program with the same durations; ids, pids and the clock are the
+        rank's own."""
+        r = self.idrng = random.Random(job.ids_seed)
+        self.pid = self.main = 1_000_000 + r.randrange(3_000_000)
+        self.bwd = self.pid + 1000 + r.randrange(9000)
+        self.ext += r.randrange(200)
+        self.rf = self.ext - 20
+        self.corr += r.randrange(5000)
+        self.pyid += r.randrange(100_000)
+        self.py_parent = self.pyid - 7
+        self.t0 += job.clock_offset_ns
+
+    def _straggle(self, t: int, extra_ns: int) -> int:
+        """A slow rank: one more weight-gradient GEMM of `extra_ns` on the compute stream
+        just before this all-reduce (so the NCCL kernel starts that much later), under an
+        aten::mm on the autograd thread. Draws nothing from the timeline rng, so the rest of
+        the rank's layout stays the job's."""
+        bwd = self.bwd
+        self.ext += 1
+        self.rf += 1
+        self.ev += 1
+        ext, rf, ev = self.ext, self.rf, self.ev
+        t_rt = t + 600
+        self.corr += 1
+        corr = self.corr
+        ks = max(t_rt + 5000, self.free[COMPUTE_STREAM] + 1500)
+        self.free[COMPUTE_STREAM] = ks + extra_ns
+        for c in self.collectors:
+            sp = c.spans.get(COMPUTE_STREAM)
+            if sp is None:
+                c.spans[COMPUTE_STREAM] = [ks, ks + extra_ns]
+            else:
+                sp[1] = ks + extra_ns
+        rt_d, op_d = 5200, 6800
+        self.gpu.append(self.RT[("cudaLaunchKernel", bwd)] % (
+            t_rt // 1000, t_rt % 1000, rt_d // 1000, rt_d % 1000, ext, corr))
+        self.gpu.append(self.FLOW_S[bwd] % (corr, t_rt // 1000, t_rt % 1000))
+        self.gpu.append(self.KT[("gemm_wgrad", COMPUTE_STREAM)] % (
+            ks // 1000, ks % 1000, extra_ns // 1000, extra_ns % 1000, ext, corr))
+        self.gpu.append(self.FLOW_F_GPU[COMPUTE_STREAM] % (corr, ks // 1000, ks % 1000))
+        self.cpu.append(self.op_tpl("aten::mm", bwd) % (
+            t // 1000, t % 1000, op_d // 1000, op_d % 1000, ext, rf, ev))
+        return t + op_d
+
+    def _sync_end(self, ks: int, kd: int) -> tuple[int, int]:
+        """The NCCL kernel of a lockstep job ends when the last rank's transfer does
+        (job.coll_end, on the job's clock), and starts up to 40 us (at most half its length)
+        later than the job's layout says (this rank's own launch jitter, from its ids rng),
+        so no two ranks arrive at the same ns: returns its start and
+        duration on this rank, and records this rank's own end (arrival + transfer) in
+        job.ends."""
+        job = self.job
+        assert job is not None
+        off = job.clock_offset_ns
+        job.ends[self.coll_seq] = ks + kd - off
+        end = ks + kd
+        target = job.coll_end.get(self.coll_seq)
+        if target is not None and target + off > end:
+            end = target + off
+        jitter = self.idrng.randrange(max(1, min(40_000, (end - ks) // 2)))
+        ks += jitter
+        self.free[NCCL_STREAM] = end
+        for c in self.collectors:
+            sp = c.spans.get(NCCL_STREAM)
+            if sp is not None:
+                sp[1] = end
+                if sp[0] == ks - jitter:  # the span began with this kernel
+                    sp[0] = ks
+        return ks, end - ks
 
     # ------------------------------------------------------------------ one step
 
@@ -1006,7 +1107,7 @@ class _Gen:
                            "pg_size": self.world, "ranks": list(range(self.world))}],
             "nccl_version": "2.21.5",
         }
-        trace_id = "%032X" % self.rng.getrandbits(128)
+        trace_id = "%032X" % self.idrng.getrandbits(128)
         lines = [
             "{",
             '  "schemaVersion": 1,',
@@ -1128,6 +1229,7 @@ def generate(
     use_gzip: bool | None = None,
     first_step: int = 2,
     base_after_events: bool = False,
+    job: JobRank | None = None,
 ) -> GenStats:
     """Write a Kineto-shaped trace of about `size` uncompressed bytes with `steps`
     ProfilerStep windows; deterministic for a given seed and arguments."""
@@ -1147,7 +1249,7 @@ def generate(
         def sink(s: str) -> None:
             fh.write(s.encode("ascii"))
 
-        g = _Gen(seed, rank, world_size, sink)
+        g = _Gen(seed, rank, world_size, sink, job)
         g.post_parents = per_step > STEP_BUFFER_CAP
         head = g.header(base_after_events)
         g.bytes += len(head)
@@ -1162,6 +1264,65 @@ def generate(
     tmp.replace(path)
     return GenStats(str(path), g.bytes, g.events, steps, modules,
                     time.perf_counter() - t_begin, seed, rank, bool(use_gzip))
+
+
+def _modules_per_step(size: int, steps: int, seed: int, rank: int, world: int) -> int:
+    """generate()'s sizing: modules per step for about `size` bytes in `steps` steps."""
+    fixed, per_module = _calibrate(seed, rank, world)
+    head_len = len(_Gen(seed, rank, world, lambda s: None).header(False)) + 12_000
+    per_step = (size - head_len) / max(1, steps)
+    return max(1, round((per_step - fixed) / per_module))
+
+
+def _probe_ends(job: JobRank, modules: int, steps: int, seed: int, world: int,
+                first_step: int) -> dict[int, int]:
+    """Lay out a job rank without writing it: its own all-reduce ends (Seq -> ns, job clock)."""
+    job.ends = {}
+    g = _Gen(seed, 0, world, lambda s: None, job)
+    t = g.t0 + 35_000
+    for i in range(steps):
+        t = g.step(t, first_step + i, modules)
+    return dict(job.ends)
+
+
+def job_ranks(world: int, size: int, steps: int, seed: int = 0, stragglers: int | None = None,
+              first_step: int = 2, straggle_ns: int = 2_000_000,
+              gpus_per_node: int = 8) -> list[JobRank]:
+    """The ranks of a lockstep data-parallel job of `world` ranks (generate(job=...) each).
+
+    Every rank runs the same program (the job's timeline seed), with its own ids and pids,
+    and its node's clock: node n's clock is off by a fixed pseudo-random amount within
+    +-1.5 ms (node 0's by none), as NTP leaves hosts. `stragglers` ranks (default
+    max(1, world // 256), spread over the job) are slow before one all-reduce of every step
+    (straggler i before the step's (i % per_step + 2)-th, by straggle_ns + i x 0.5 ms): a
+    longer GEMM on the compute stream, so their NCCL kernel starts later. Every rank's NCCL
+    kernel of a collective ends when the last rank's transfer does (found by laying out the
+    distinct ranks, a plain one and each straggler, until the ends agree)."""
+    n_strag = max(1, world // 256) if stragglers is None else stragglers
+    modules = _modules_per_step(size, steps, seed, 0, world)
+    plain = JobRank(ids_seed=0)
+    per_step = max(1, len(_probe_ends(plain, modules, steps, seed, world, first_step)) // steps)
+    slow: dict[int, dict[int, int]] = {}
+    for i in range(min(n_strag, world)):
+        r = (i * world) // n_strag + world // (2 * n_strag)
+        k = i % per_step + 2 if per_step > 1 else 1
+        extra = straggle_ns + i * 500_000
+        slow[r] = {s * per_step + min(k, per_step): extra for s in range(steps)}
+    coll_end: dict[int, int] = {}
+    for _ in range(200):
+        ends = [_probe_ends(JobRank(0, 0, st, coll_end), modules, steps, seed, world,
+                            first_step) for st in [{}, *slow.values()]]
+        new = {q: max(e[q] for e in ends) for q in ends[0]}
+        if new == coll_end:
+            break
+        coll_end = new
+    out = []
+    for r in range(world):
+        node = r // gpus_per_node
+        off = 0 if node == 0 else (node * 7_919_113) % 3_000_001 - 1_500_000
+        out.append(JobRank(ids_seed=seed * 1_000_003 + r + 1, clock_offset_ns=off,
+                           straggle=slow.get(r, {}), coll_end=dict(coll_end)))
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -65,6 +65,29 @@ def connect(tmp: Path, threads: int, memory_limit: str) -> duckdb.DuckDBPyConnec
     return con
 
 
+def reuse(con: duckdb.DuckDBPyConnection, tmp: Path) -> bool:
+    """Point a connection that derived another file at ``tmp``'s spill directory; False when
+    DuckDB cannot switch (it spilled into the previous one): then it must be closed."""
+    try:
+        con.execute(f"SET temp_directory = {literal(tmp / 'duckdb-spill')}")
+    except duckdb.Error:
+        return False
+    return True
+
+
+def reset(con: duckdb.DuckDBPyConnection) -> None:
+    """Drop every table and view a derivation created, so the connection can derive the
+    next file from a clean catalog."""
+    rows = con.execute("""
+        SELECT 'VIEW', database_name, schema_name, view_name FROM duckdb_views()
+        WHERE NOT internal
+        UNION ALL
+        SELECT 'TABLE', database_name, schema_name, table_name FROM duckdb_tables()
+        WHERE NOT internal""").fetchall()
+    for kind, db, schema, name in rows:
+        con.execute(f'DROP {kind} IF EXISTS "{db}"."{schema}"."{name}"')
+
+
 def _parts(stage: Path, table: str) -> list[Path]:
     return sorted((stage / table).glob("*.parquet"))
 
@@ -269,8 +292,8 @@ def _nesting_and_flows(con: duckdb.DuckDBPyConnection, derived: Path, total: int
             SELECT f.eid, f.track_id, f.ts_ns, (f.ph = 'f' AND f.bp IS DISTINCT FROM 'e') AS nxt
             FROM ({FLOW_TRACKS}) f ORDER BY f.track_id, f.ts_ns, f.eid"""),
         depth, parent, overlap)
-    for arr in (depth, parent, overlap, track):
-        arr.flush()
+    # (no flush: a shared mapping's pages are the page cache, which the workers' memory maps
+    # read; msync would only write them to disk, ~5 ms per array, per file)
     del depth, parent, overlap, track
     # Both orders come from DuckDB's sort (it spills under its memory limit): this process
     # holds only the merge's own output (16 bytes per flow), no sorted copies.
@@ -301,8 +324,6 @@ def _fill(con: duckdb.DuckDBPyConnection, sql: str, arrays: dict[str, np.ndarray
         for name, arr in arrays.items():
             arr[at:at + k] = b[name]
         at += k
-    for arr in arrays.values():
-        arr.flush()
 
 
 def _counters(con: duckdb.DuckDBPyConnection, stage: Path, out: Path, base_ns: int) -> int:

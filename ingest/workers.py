@@ -77,12 +77,21 @@ def decode_to_parts(piece: Piece, stage: str, part: int) -> PieceResult:
 
 
 _PR_SET_PDEATHSIG = 1
+_IN_WORKER = False  # set in pool workers (_worker_init)
+
+
+def in_worker() -> bool:
+    """True in a forked pool worker: a process that only builds and decodes, so it may keep
+    state between tasks (a DuckDB connection, the compiled scanner) and never forks."""
+    return _IN_WORKER
 
 
 def _worker_init(parent: int) -> None:
     """In each worker: die with the parent (even by kill -9, which runs no clean-up there),
     and leave SIGINT to the parent (a Ctrl-C reaches the whole process group), which stops
     the pool itself."""
+    global _IN_WORKER
+    _IN_WORKER = True
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     try:

@@ -44,11 +44,12 @@ SELECT job, rank, step, eid FROM gpu_ops WHERE step IS NOT NULL;
 --   'not_on_all_ranks' (some rank of the job has no such step). Means, medians, the report
 --   and the critical-path summary leave incomplete steps out.
 CREATE OR REPLACE VIEW steps AS
-WITH p AS (
+WITH sm AS MATERIALIZED (SELECT * FROM step_marks),  -- read once: a Parquet file per rank
+p AS (
     SELECT *,
            lead(cpu_start_ns) OVER w AS next_cpu_start_ns,
            row_number() OVER w AS i, count(*) OVER (PARTITION BY job, rank) AS n
-    FROM step_marks WINDOW w AS (PARTITION BY job, rank ORDER BY step)),
+    FROM sm WINDOW w AS (PARTITION BY job, rank ORDER BY step)),
 side AS (
     SELECT job, rank, coalesce(bool_or(gpu_end_ns > next_cpu_start_ns), FALSE) AS gpu_lags
     FROM p GROUP BY job, rank),
@@ -82,7 +83,7 @@ ended AS (
                    ELSE greatest(start_ns, cpu_end_ns, gpu_end_ns, cpu_start_ns) END AS end_ns
     FROM clamped),
 job_ranks AS (SELECT job, count(DISTINCT rank) AS n_ranks FROM trace_files GROUP BY job),
-step_ranks AS (SELECT job, step, count(*) AS n_ranks FROM step_marks GROUP BY job, step)
+step_ranks AS (SELECT job, step, count(*) AS n_ranks FROM sm GROUP BY job, step)
 SELECT e.job, e.rank, e.step, e.eid, e.tid, e.side, e.tiled, e.start_ns, e.end_ns,
        e.end_ns - e.start_ns AS dur_ns, e.start_eid, e.cpu_start_ns, e.cpu_end_ns,
        e.gpu_start_ns, e.gpu_end_ns, e.gpu_first_ns, e.n_gpu_ops,
@@ -93,7 +94,7 @@ JOIN step_ranks sr USING (job, step)
 CROSS JOIN LATERAL (SELECT CASE
     WHEN NOT e.finished THEN 'open'
     WHEN e.tiled AND e.i = e.n AND e.n > 1 AND e.n_gpu_ops < 0.5 * (
-             SELECT median(q.n_gpu_ops) FROM step_marks q
+             SELECT median(q.n_gpu_ops) FROM sm q
              WHERE q.job = e.job AND q.rank = e.rank AND q.step <> e.step)
          THEN 'cut'
     WHEN sr.n_ranks < j.n_ranks THEN 'not_on_all_ranks' END AS reason) r;

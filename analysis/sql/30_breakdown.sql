@@ -8,18 +8,20 @@
 --   spans on the gloo threads. `tracetool replay` reads this view for its breakdown, so the
 --   measured and projected breakdowns are made of the same events.
 CREATE OR REPLACE VIEW breakdown_events AS
-WITH cpu_only_ranks AS (SELECT job, rank FROM trace_files
-                        EXCEPT SELECT DISTINCT job, rank FROM gpu_ops),
-step_tid AS (SELECT DISTINCT job, rank, tid FROM profiler_steps),
-gpu AS (
+WITH ps AS MATERIALIZED (  -- each small table read once (a Parquet file per rank each)
+    SELECT job, rank, eid, tid FROM profiler_steps),
+gpu AS MATERIALIZED (
     SELECT job, rank, eid, ts_ns, end_ns,
            CASE WHEN kind IN ('memcpy', 'memset') THEN 'memcpy'
                 WHEN is_comm THEN 'comm' ELSE 'compute' END AS what
     FROM gpu_ops),
+cpu_only_ranks AS (SELECT job, rank FROM trace_files
+                   EXCEPT SELECT DISTINCT job, rank FROM gpu),
+step_tid AS (SELECT DISTINCT job, rank, tid FROM ps),
 cpu AS (  -- top-level work on the step's thread (depth 0, or just under the step annotation)
     SELECT e.job, e.rank, e.eid, e.ts_ns, e.end_ns, 'cpu' AS what
     FROM events e JOIN step_tid t ON e.job = t.job AND e.rank = t.rank AND e.tid = t.tid
-    LEFT JOIN profiler_steps p ON p.job = e.job AND p.rank = e.rank AND p.eid = e.parent_eid
+    LEFT JOIN ps p ON p.job = e.job AND p.rank = e.rank AND p.eid = e.parent_eid
     WHERE e.depth <= 1 AND (e.depth = 0 OR p.eid IS NOT NULL) AND e.ph = 'X'
       AND e.kind IN ('cpu_op', 'user_annotation', 'cuda_runtime', 'cuda_driver',
                      'python_function')
@@ -31,7 +33,7 @@ cpu_only AS (  -- ranks without GPU ops: CPU compute vs gloo transfer
     FROM events e
     SEMI JOIN cpu_only_ranks c ON c.job = e.job AND c.rank = e.rank
     JOIN tracks t ON t.job = e.job AND t.rank = e.rank AND t.track_id = e.track_id
-    LEFT JOIN profiler_steps p ON p.job = e.job AND p.rank = e.rank AND p.eid = e.parent_eid
+    LEFT JOIN ps p ON p.job = e.job AND p.rank = e.rank AND p.eid = e.parent_eid
     WHERE e.ph = 'X' AND t.track_kind = 'cpu_thread'
       AND (starts_with(e.name, 'gloo:')
            OR (e.kind = 'cpu_op' AND NOT coalesce(t.thread_name, '') LIKE '%gloo%'

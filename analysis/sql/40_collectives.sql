@@ -84,12 +84,15 @@ CREATE OR REPLACE MACRO _collective_same_call(a, b) AS
 -- SKEW (10 ms) of the chosen one's: a rival that needs clocks 300 ms apart is no rival.
 -- A rank with no plausible shift is matched by call order.
 CREATE OR REPLACE VIEW collective_ranks AS
-WITH c0 AS MATERIALIZED (  -- every call, narrowed to what matching needs
+WITH src AS MATERIALIZED (  -- the table, read once (one Parquet file per rank: at 1,024
+                            -- ranks each scan of it costs more than the matching)
+    SELECT * FROM collectives),
+c0 AS MATERIALIZED (  -- every call, narrowed to what matching needs
     SELECT job, rank, coalesce(pg_name, '?') AS pg_key, call_index, seq, end_ns,
            kernel_stream, lower(dtype) AS dtype, in_bytes,
            CASE collective_kind(collective) WHEN 'send' THEN 'p2p' WHEN 'recv' THEN 'p2p'
                 WHEN 'other' THEN lower(collective) ELSE collective_kind(collective) END AS kind
-    FROM collectives),
+    FROM src),
 streams AS (
     SELECT job, rank, pg_key, kernel_stream,
            row_number() OVER (PARTITION BY job, rank, pg_key ORDER BY kernel_stream) AS ord
@@ -191,7 +194,7 @@ SELECT c.*, collective_kind(c.collective) AS kind,
        END AS instance,
        grp.match, r.match_shift, r.spread_ns AS match_spread_ns, r.margin AS match_margin,
        grp.confident AS match_confident
-FROM collectives c
+FROM src c
 JOIN r ON r.job = c.job AND r.rank = c.rank AND r.pg_key = coalesce(c.pg_name, '?')
 JOIN grp ON grp.job = r.job AND grp.pg_key = r.pg_key
 LEFT JOIN bad b ON b.job = c.job AND b.pg_key = r.pg_key
@@ -230,12 +233,17 @@ FROM r WINDOW w AS (PARTITION BY job, pg_key);
 --   collective_instances read it, so the matching is computed once per query.
 -- All columns of collective_ranks, plus offset_ns, n_samples: see rank_clock_offsets.
 CREATE OR REPLACE VIEW _collective_matched AS
-WITH m AS (SELECT * FROM collective_ranks WHERE instance IS NOT NULL),
+WITH m AS MATERIALIZED (SELECT * FROM collective_ranks WHERE instance IS NOT NULL),
 ref AS (SELECT job, min(rank) AS ref_rank FROM m GROUP BY job),
+ref_calls AS MATERIALIZED (  -- the reference rank's calls first: joined to every rank's
+                             -- calls by instance, they give one row per call (joining all
+                             -- calls by instance and then keeping the reference rank's made
+                             -- ranks x calls rows: 41 M at 1,024 ranks)
+    SELECT m.job, m.instance, m.end_ns FROM m JOIN ref ON ref.job = m.job
+                                                      AND m.rank = ref.ref_rank),
 d AS (
     SELECT c.job, c.rank, c.end_ns - r.end_ns AS diff
-    FROM m c JOIN ref USING (job)
-    JOIN m r ON r.job = c.job AND r.rank = ref.ref_rank AND r.instance = c.instance
+    FROM m c JOIN ref_calls r ON r.job = c.job AND r.instance = c.instance
     WHERE c.match_confident AND c.end_ns IS NOT NULL AND r.end_ns IS NOT NULL),
 o AS (SELECT job, rank, quantile_disc(diff, 0.5)::BIGINT AS offset_ns,
              count(diff) AS n_samples FROM d GROUP BY ALL)
@@ -319,7 +327,7 @@ FROM i;
 -- top_op_before: the GPU kernel (CPU op on CPU-only ranks) with the most time in the
 --   windows before its late arrivals (from its previous collective's end to the arrival).
 CREATE OR REPLACE VIEW stragglers AS
-WITH ci AS (SELECT * FROM collective_instances WHERE n_ranks > 1),
+WITH ci AS MATERIALIZED (SELECT * FROM collective_instances WHERE n_ranks > 1),
 late AS (
     SELECT a.job, a.rank, a.eid, a.instance, a.arrival_ns,
            (SELECT sum(b.wait_ns) FROM ci b WHERE b.job = a.job AND b.instance = a.instance)
@@ -339,9 +347,9 @@ busy AS (
            sum(least(e.end_ns, w.w1) - greatest(e.ts_ns, w.w0)) AS ns
     FROM windows w JOIN events e ON e.job = w.job AND e.rank = w.rank
      AND e.ts_ns < w.w1 AND e.end_ns > w.w0
-    LEFT JOIN events pe ON pe.job = e.job AND pe.rank = e.rank AND pe.eid = e.parent_eid
-    WHERE e.ph = 'X' AND (e.kind = 'kernel' OR (e.kind = 'cpu_op'
-                                                 AND coalesce(pe.kind, '') <> 'cpu_op'))
+    LEFT JOIN (SELECT job, rank, eid FROM events WHERE kind = 'cpu_op') pe  -- parent cpu_op
+      ON pe.job = e.job AND pe.rank = e.rank AND pe.eid = e.parent_eid
+    WHERE e.ph = 'X' AND (e.kind = 'kernel' OR (e.kind = 'cpu_op' AND pe.eid IS NULL))
     GROUP BY ALL),
 top AS (SELECT job, rank, arg_max(name, ns) AS top_op_before FROM busy GROUP BY ALL),
 per_rank AS (SELECT job, rank, count(*) AS instances FROM ci GROUP BY ALL),

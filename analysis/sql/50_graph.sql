@@ -22,14 +22,17 @@ WITH calls AS (
     SELECT job, rank, instance, coalesce(kernel_eid, gloo_eid) AS x_eid
     FROM collective_ranks
     WHERE instance IS NOT NULL AND coalesce(kernel_eid, gloo_eid) IS NOT NULL),
+comm AS MATERIALIZED (  -- (jobs without matched calls first: usually none, and then the
+                         -- scan of cp_nodes below has nothing to look up)
+    SELECT g.job, g.rank, g.eid, g.ts_ns FROM gpu_ops g
+    WHERE coalesce(g.is_comm, FALSE) AND g.job NOT IN (SELECT job FROM calls)),
 inst AS (
     SELECT * FROM calls
     UNION ALL
     SELECT g.job, g.rank,
            'kernel:' || row_number() OVER (PARTITION BY g.job, g.rank ORDER BY g.ts_ns, g.eid),
            g.eid
-    FROM gpu_ops g SEMI JOIN cp_nodes n ON n.job = g.job AND n.rank = g.rank AND n.eid = g.eid
-    WHERE coalesce(g.is_comm, FALSE) AND g.job NOT IN (SELECT job FROM calls)),
+    FROM comm g SEMI JOIN cp_nodes n ON n.job = g.job AND n.rank = g.rank AND n.eid = g.eid),
 x AS (
     SELECT i.job, i.rank, i.instance, i.x_eid, n.ts_ns, n.end_ns FROM inst i
     JOIN cp_nodes n ON n.job = i.job AND n.rank = i.rank AND n.eid = i.x_eid),
