@@ -32,8 +32,12 @@ def sql_file(name: str) -> str:
 def setup_sql(store: Path | str, allow_writes: Iterable[Path | str] = ()) -> str:
     """All the SQL that opens ``store`` read-only and defines the tables' views and the
     analysis views (paste into the DuckDB CLI: the session is then as safe as ``connect``)."""
-    return (table_setup_sql(store, allow_writes) + "\n\n"
-            + "\n\n".join(sql for _, sql in view_files()))
+    return table_setup_sql(store, allow_writes, views_sql())
+
+
+def views_sql() -> str:
+    """The SQL of every analysis view, in order."""
+    return "\n\n".join(sql for _, sql in view_files())
 
 
 def connect(store: Path | str, con: duckdb.DuckDBPyConnection | None = None, *,
@@ -45,7 +49,4 @@ def connect(store: Path | str, con: duckdb.DuckDBPyConnection | None = None, *,
     default); in-memory and temporary tables work, and Python frames are queried after
     ``con.register(name, frame)``. (A COPY aimed at one of the store's own files with
     USE_TMP_FILE false or OVERWRITE is the one write DuckDB's settings cannot stop.)"""
-    con = connect_store(store, con, allow_writes=allow_writes)
-    for _, sql in view_files():
-        con.execute(sql)
-    return con
+    return connect_store(store, con, allow_writes=allow_writes, dependent_views=views_sql())
