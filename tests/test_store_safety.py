@@ -389,3 +389,36 @@ def test_a_trace_in_an_untraversable_directory_is_one_line(shared_tmp: Path) -> 
     assert r.returncode == 1, r
     assert r.stderr == (f"tracetool: error: {d / 'rank0.json.gz'}: cannot be looked up: "
                         "Permission denied\n"), r.stderr
+
+
+def test_stored_files_sees_every_new_and_replaced_rank_of_a_cached_store(tmp_path: Path
+                                                                         ) -> None:
+    """``Store.stored_files`` reads a partition again only when its directory changed (a
+    rename or an exchange gives the name another directory): a store object that cached
+    ranks 0-2 sees rank 3 added and rank 1 replaced, by itself or by another process."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from tracetool.ingest.store import Store
+
+    def built(name: str) -> Path:
+        d = tmp_path / "built" / name
+        (d / "trace_files").mkdir(parents=True)
+        pq.write_table(pa.table({"path": [f"/t/{name}"], "file_name": [name],
+                                 "sha256": [name * 4], "bytes": [len(name)]}),
+                       d / "trace_files" / "part-0.parquet")
+        return d
+
+    store = Store(tmp_path / "store")
+    store.create()
+    for r in range(3):
+        store.commit("j", r, built(f"r{r}"))
+    assert [(s.rank, s.file_name) for s in store.stored_files()] == [(0, "r0"), (1, "r1"),
+                                                                     (2, "r2")]
+    store.commit("j", 3, built("r3"))
+    other = Store(tmp_path / "store")  # another ingest replaces rank 1
+    other.commit("j", 1, built("r1b"))
+    assert [(s.rank, s.file_name) for s in store.stored_files()] == [
+        (0, "r0"), (1, "r1b"), (2, "r2"), (3, "r3")]
+    assert {s.sha256 for s in store.stored_files() if s.rank == 1} == {"r1b" * 4}
+    other.remove_retired()
