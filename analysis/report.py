@@ -31,8 +31,7 @@ from tracetool.analysis.chrome_trace import write_path_trace
 from tracetool.analysis.collectives import collective_warnings
 from tracetool.analysis.connect import connect
 from tracetool.analysis.step_timeline import choose_step, timeline_data
-from tracetool.errors import StoreError as BaseStoreError
-from tracetool.errors import one_line
+from tracetool.errors import StoreError, one_line
 from tracetool.numbers import round_ns
 from tracetool.objstore import is_object_store
 from tracetool.store_views import table_files
@@ -42,10 +41,6 @@ TOP = 15  # rows of the top kernels / ops tables and chart
 NAME_WIDTH = 80  # long C++ kernel names are cut to this in tables (never in JSON)
 CHART_FILES = ("breakdown.png", "top_kernels.png", "top_cpu_ops.png", "collective_skew.png",
                "critical_path.png", "step_timeline.png", "step_timeline.json")
-class StoreError(Exception):
-    """The store or job the user named cannot be used; the message is one line for them."""
-
-
 def first_line(err: BaseException) -> str:
     """An error's message in one line (DuckDB's run to several; ``errors.one_line``)."""
     return one_line(err)
@@ -68,9 +63,9 @@ def open_job(store: Path | str, job: str | None = None
         connect(store, con)
         jobs = [r[0] for r in con.execute(
             "SELECT DISTINCT job FROM trace_files ORDER BY job").fetchall()]
-    except (duckdb.Error, OSError, BaseStoreError) as err:
+    except (duckdb.Error, OSError) as err:
         con.close()  # now, not when a reference cycle is collected (see tracetool.cli.report)
-        message = str(err) if isinstance(err, BaseStoreError | FileNotFoundError) else \
+        message = str(err) if isinstance(err, StoreError | FileNotFoundError) else \
             f"{store}: cannot read the store: {first_line(err)}"
         raise StoreError(message) from None
     problem = None

@@ -17,8 +17,9 @@ from tracetool.analysis.diff import (
     diff_jobs,
     render_text,
 )
-from tracetool.analysis.report import StoreError, first_line, open_job
+from tracetool.analysis.report import first_line, open_job
 from tracetool.cli._store import store_arg
+from tracetool.errors import StoreError
 
 
 @click.command("diff", short_help="Compare two stores: per-op and per-kernel changes, "

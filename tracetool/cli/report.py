@@ -10,11 +10,11 @@ import duckdb
 
 from tracetool.analysis.charts import ChartError
 from tracetool.analysis.per_rank import RankTaskError, gather_on_ray
-from tracetool.analysis.report import StoreError, first_line, make_report, open_job, to_json
+from tracetool.analysis.report import first_line, make_report, open_job, to_json
 from tracetool.analysis.windows import use_windows
 from tracetool.cli._job import window_options, windows_of
 from tracetool.cli._store import store_arg
-from tracetool.errors import InputError
+from tracetool.errors import InputError, StoreError
 
 
 @click.command("report", short_help="Summarise a job: text or JSON, plus Markdown and "
