@@ -27,6 +27,7 @@ from tracetool.analysis.critical_path import (
     PathGraph,
     PathWalker,
 )
+from tracetool.graph import KIND_NAMES
 from tracetool.numbers import round_ns
 
 from .band import bounds, describe, edge_errors
@@ -147,7 +148,7 @@ class Replayer:
             measured_bd = self._measured_breakdown
             # the identity schedule is the measured timeline, exactly (integer ns in float64)
             projected_bd = (measured_bd if np.array_equal(t, g.t0)
-                            else self._breakdowns(t, p))
+                            else self._breakdowns(t, p, self._added_waits(t, wts.w)))
         steps = []
         for i, s in enumerate(g.steps):
             if not (g.step_complete[i] or include_incomplete) or not g.step_reported[i]:
@@ -201,10 +202,34 @@ class Replayer:
         lo, hi = spans.min(axis=0), spans.max(axis=0)
         return lo - u_steps * projected, hi + u_steps * projected
 
-    def _breakdowns(self, t: np.ndarray, w: StepWindows) -> dict[int, dict[str, int]]:
+    def _added_waits(self, t: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, ...]:
+        """(rank, start, end) of the waits for a CPU-side transfer that the projection added:
+        a node bound by a ``transfer_wake`` edge resumes later after its other predecessors
+        allowed it than it did in the measured timeline; that extra time is communication,
+        even where the thread resumed inside a CPU op (an autograd function around a DDP
+        bucket's wait), and not that op's compute. None in an identity replay."""
+        g = self.graph
+        n = len(g.indptr) - 1
+        dst = np.repeat(np.arange(n), np.diff(g.indptr))
+        wake = g.kind == KIND_NAMES.index("transfer_wake")
+        nodes = np.unique(dst[wake])
+        other = ~wake & np.isin(dst, nodes)
+        ready_t = np.full(n, -np.inf)
+        ready_0 = np.full(n, -np.inf)
+        np.maximum.at(ready_t, dst[other], t[g.src[other]] + w[other])
+        np.maximum.at(ready_0, dst[other], g.t0[g.src[other]] + g.base_w[other])
+        nodes = nodes[np.isfinite(ready_t[nodes]) & np.isfinite(ready_0[nodes])]
+        extra = (t[nodes] - ready_t[nodes]) - (g.t0[nodes] - ready_0[nodes])
+        keep = extra > 0
+        nodes, extra = nodes[keep], extra[keep]
+        return (g.rank[nodes >> 1].astype(np.int64), t[nodes] - extra, t[nodes])
+
+    def _breakdowns(self, t: np.ndarray, w: StepWindows,
+                    waits: tuple[np.ndarray, ...] | None = None) -> dict[int, dict[str, int]]:
         """Per job step index: the mean over its ranks of step_breakdown's partition of each
         rank's step (compute, exposed comm, exposed memcpy, idle; plus comm_ns and the step's
-        dur_ns), from the breakdown_events on timeline ``t``."""
+        dur_ns), from the breakdown_events on timeline ``t``; ``waits`` (``_added_waits``)
+        are cut out of the compute intervals and counted as comm."""
         g, rs = self.graph, self.graph.rank_steps
         if len(w.rank_start):
             win_rank, win_step = rs["rank"], rs["step_idx"]
@@ -216,8 +241,8 @@ class Replayer:
             b = np.full(len(win_rank), w.job_end[0])
         ok = np.isfinite(a) & np.isfinite(b)
         db = self._db
-        db.register("_iv", pa.table({"rank": self._iv_rank, "s": t[2 * self._iv_slot],
-                                     "e": t[2 * self._iv_slot + 1], "what": self._iv_what}))
+        db.register("_iv", _cut_waits(self._iv_rank, t[2 * self._iv_slot],
+                                      t[2 * self._iv_slot + 1], self._iv_what, waits))
         db.register("_win", pa.table({"rank": win_rank[ok], "step": win_step[ok],
                                       "a": a[ok], "b": b[ok]}))
         try:
@@ -361,6 +386,25 @@ def _tile(group: np.ndarray, raw: np.ndarray, last_end: np.ndarray
     is_last[:-1] = group[1:] != group[:-1]
     end[is_last] = np.maximum(start[is_last], last_end[is_last])
     return start, end
+
+
+def _cut_waits(rank: np.ndarray, s: np.ndarray, e: np.ndarray, what: np.ndarray,
+               waits: tuple[np.ndarray, ...] | None) -> pa.Table:
+    """The breakdown's intervals with each wait cut out of the compute intervals of its rank
+    that it lies in (the parts before and after stay compute) and added as comm."""
+    rank, s, e = np.asarray(rank, dtype=np.int64), np.asarray(s, float), np.asarray(e, float)
+    what = np.asarray(what, dtype=object)
+    for r, a, b in zip(*(waits or ((), (), ())), strict=True):
+        hit = np.nonzero((what == "compute") & (rank == r) & (s < b) & (e > a))[0]
+        after = hit[e[hit] > b]
+        piece_s = np.concatenate([np.full(len(after), b), [a]])
+        piece_e = np.concatenate([e[after], [b]])
+        e[hit] = np.maximum(s[hit], a)
+        rank = np.concatenate([rank, np.full(len(piece_s), r, dtype=np.int64)])
+        s, e = np.concatenate([s, piece_s]), np.concatenate([e, piece_e])
+        what = np.concatenate([what, np.array(["compute"] * len(after) + ["comm"],
+                                              dtype=object)])
+    return pa.table({"rank": rank, "s": s, "e": e, "what": what})
 
 
 def replay(con: duckdb.DuckDBPyConnection, job: str, scenario: Scenario | None = None
