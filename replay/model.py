@@ -25,7 +25,6 @@ latencies and the program's structure stay as measured):
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -33,11 +32,16 @@ from numpy.typing import ArrayLike
 
 from .clocks import PowerCap, at_clock, scenario_clock
 from .compute import COMPUTE_BOUND, DTYPE_OF, Speedup, WhatIfError, op_work, roofline_s
-from .graph import COMM_DURATION, OP_DURATION, TRANSFER, ReplayGraph, parse_shapes
+from .graph import (
+    COMM_DURATION,
+    DP_GROUP_DESC,
+    OP_DURATION,
+    TRANSFER,
+    ReplayGraph,
+    parse_shapes,
+)
 from .hardware import Gpu, catalog, describe_catalog, find_gpu, lookup_gpu
 from .network import KINDS, Network, added_latency, collective_time, default_network
-
-_DP_DESC = re.compile(r"(^|[^a-z])dp([^a-z]|$)|data|default_pg", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -261,7 +265,7 @@ def _dp_groups(graph: ReplayGraph) -> np.ndarray:
     world = len(graph.ranks)
     out = []
     for g, desc in zip(graph.insts["group_ranks"], graph.insts["pg_desc"], strict=True):
-        out.append(len(g) >= max(world, 2) or bool(desc and _DP_DESC.search(str(desc))))
+        out.append(len(g) >= max(world, 2) or bool(desc and DP_GROUP_DESC.search(str(desc))))
     return np.array(out, dtype=bool)
 
 
