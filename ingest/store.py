@@ -27,7 +27,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pyarrow.parquet as pq
 
@@ -186,16 +186,9 @@ class Store:
         """Delete replaced partitions once RETIRE_GRACE_S old (a query that listed their
         files just before the replace can still read them); ``wait``: all of them, sleeping
         out the grace (the end of an ingest)."""
-        keep = []
-        for when, old in self._retired:
-            left = when + RETIRE_GRACE_S - time.monotonic()
-            if left > 0 and wait:
-                time.sleep(left)
-            elif left > 0:
-                keep.append((when, old))
-                continue
+        due, self._retired = past_grace(self._retired, wait)
+        for old in due:
             shutil.rmtree(old, ignore_errors=True)
-        self._retired = keep
 
     def _replace(self, built: Path, target: Path) -> Path:
         """Replace without an exchange (a file system or OS without RENAME_EXCHANGE): two
@@ -330,16 +323,9 @@ class ObjectStoreWriter:
     def remove_retired(self, wait: bool = True) -> None:
         """Delete replaced ranks' files once RETIRE_GRACE_S old (a reader that read the old
         manifest can still fetch them)."""
-        keep = []
-        for when, keys in self._retired:
-            left = when + RETIRE_GRACE_S - time.monotonic()
-            if left > 0 and wait:
-                time.sleep(left)
-            elif left > 0:
-                keep.append((when, keys))
-                continue
+        due, self._retired = past_grace(self._retired, wait)
+        for keys in due:
             self.remote.delete(keys)
-        self._retired = keep
 
     def cleanup(self, workdir: Path) -> None:
         shutil.rmtree(workdir, ignore_errors=True)
@@ -388,6 +374,25 @@ def _stored_of(snap: objstore.Snapshot | None) -> list[StoredFile]:
 
 _RENAME_EXCHANGE = 2
 _AT_FDCWD = -100
+
+
+T = TypeVar("T")
+
+
+def past_grace(retired: list[tuple[float, T]], wait: bool
+               ) -> tuple[list[T], list[tuple[float, T]]]:
+    """(what is RETIRE_GRACE_S old, what is not yet) of ``retired`` (when, what) pairs;
+    ``wait``: sleep out the grace, so that everything is due."""
+    due, keep = [], []
+    for when, what in retired:
+        left = when + RETIRE_GRACE_S - time.monotonic()
+        if left > 0 and wait:
+            time.sleep(left)
+        elif left > 0:
+            keep.append((when, what))
+            continue
+        due.append(what)
+    return due, keep
 
 
 def _subdirs(d: Path, prefix: str) -> list[os.DirEntry[str]]:
