@@ -89,7 +89,7 @@ def network_matrix(store: Path) -> None:
         print("measured mean steps, ms: " + ", ".join(f"{s} {measured[s] / 1e6:.1f}"
                                                       for s in names))
         bad = {s: n for s, n in unmatched.items() if n}
-        line = f"worst |error|: {100 * max(worst.values()):.1f}%"
+        line = f"worst |error|: {100 * max(worst.values()):.2f}%"
         if bad and len(bad) < len(names):
             line += f"; {100 * worst[True]:.1f}% from sources whose collectives are all priced"
         if bad:

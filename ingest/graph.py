@@ -187,16 +187,24 @@ FROM {collectives} c
 JOIN _g_nodes g ON g.eid = c.gloo_eid
 JOIN _g_nodes s ON s.eid = c.eid
 WHERE g.ts_ns >= s.ts_ns""",
-    # a thread that went idle while a gloo span was in flight resumed when it ended
-    "transfer_wake": """
-WITH gaps AS (SELECT * FROM _g_chain WHERE NOT is_gpu AND node % 2 = 0 AND t > p_t),
+    # a thread that went idle while a gloo span was in flight resumed when it ended; or it
+    # waited inside an op (the gap ends at the op's end): a wait op, or the op that had just
+    # enqueued that very collective (an autograd function around all_to_all_single, which
+    # the span may start after), and the op ended as the transfer did (for its own
+    # collective: within a quarter of the gap, a busy core wakes a thread late)
+    "transfer_wake": f"""
+WITH gaps AS (SELECT * FROM _g_chain WHERE NOT is_gpu AND t > p_t),
 spans AS (
-    SELECT e.track_id, e.eid, e.ts_ns, e.end_ns FROM _g_nodes e
-    SEMI JOIN {collectives} c ON c.gloo_eid = e.eid)
-SELECT s.eid, 'end', g.node // 2, 'start', 'transfer_wake', g.t - s.end_ns
+    SELECT DISTINCT e.track_id, e.eid, e.ts_ns, e.end_ns, c.eid AS call_eid,
+           greatest(100000, (e.end_ns - e.ts_ns) // 20) AS tol
+    FROM _g_nodes e JOIN {{collectives}} c ON c.gloo_eid = e.eid)
+SELECT s.eid, 'end', g.node // 2, {_PT.format('g.node')}, 'transfer_wake', g.t - s.end_ns
 FROM gaps g JOIN spans s ON s.track_id <> g.track_id
- AND s.ts_ns <= g.p_t AND s.end_ns > g.p_t
- AND s.end_ns <= g.t + greatest(100000, (s.end_ns - s.ts_ns) // 20)
+ AND s.end_ns > g.p_t AND s.end_ns <= g.t + s.tol
+ AND CASE WHEN g.node % 2 = 0 THEN s.ts_ns <= g.p_t
+          WHEN g.p_node = 2 * s.call_eid + 1
+              THEN g.t - s.end_ns <= greatest(s.tol, (g.t - g.p_t) // 4)
+          ELSE g.wake AND s.ts_ns <= g.p_t AND g.t - s.end_ns <= s.tol END
 QUALIFY row_number() OVER (PARTITION BY g.node ORDER BY abs(g.t - s.end_ns), s.eid) = 1""",
     # a thread that resumed after an idle or waiting gap resumed because of the latest end
     # of an event on another thread of the rank inside that gap (if there was one)

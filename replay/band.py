@@ -56,14 +56,13 @@ ERRORS: dict[str, ErrorTerm] = {
     "net_bandwidth": ErrorTerm(
         0.12, "netlab (sample_traces/netlab, 2026-12-01): DDP allreduces projected from every "
         "setting onto every other of the same job, transport model of replay/transport.py: "
-        "worst error of the mean step 8.4% (2 ranks, 10 settings), 5.0% (4 ranks, 3)"),
+        "worst error of the mean step 9.98% (2 ranks, 10 settings), 8.3% (4 ranks, 3)"),
     "net_latency": ErrorTerm(
         0.12, "the same matrices, latency settings (1-10 ms one way, alone and with 200 Mbit/s "
-        "and 2 Gbit/s): within the same 8.4%"),
+        "and 2 Gbit/s): within the same 9.98%"),
     "net_all_to_all": ErrorTerm(
-        0.45, "netlab MoE all-to-all job (4 ranks, 4 settings, 1 Gbit/s to 500 Mbit/s and "
-        "2-5 ms): worst error 38% (a2a_1gbit_5ms projected onto a2a_1gbit); the model "
-        "prices one rendezvous and the bytes, and misses what else the delay costs"),
+        0.12, "netlab MoE all-to-all job (4 ranks, 4 settings, 1 Gbit/s to 500 Mbit/s and "
+        "2-5 ms): worst error 6.8% (a2a_1gbit_5ms projected onto a2a_500mbit)"),
     "net_unknown_size": ErrorTerm(
         1.0, "collectives without a recorded size are sized from their transfer time under the "
         "source network, so their projection rests on that model twice", measured=False),

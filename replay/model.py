@@ -534,6 +534,7 @@ def weights(graph: ReplayGraph, scenario: Scenario) -> Weights:
         if dst is not None and scenario.gpu is None:  # the trace's GPU at another clock
             clock_notes += _latency_note(graph, f, model_ns)
     k, model_ns, notes, costs = collective_factors(graph, scenario)
+    shared = overlap_share(graph) if (k != 1).any() else None
     out.notes = clock_notes + notes
     if (k != 1).any():
         t = graph.insts["transfer_ns"]
@@ -543,9 +544,16 @@ def weights(graph: ReplayGraph, scenario: Scenario) -> Weights:
         xfer = graph.role == TRANSFER
         i = graph.inst[xfer]
         lag = graph.base_w[xfer]  # this rank's end - the last arrival (< 0 only from skew)
-        # each rank's own time after the last arrival, priced like the transfer: its latency
-        # part replaced, the rest scaled (a rank held up by its CPU is not held k times as long)
-        w[xfer] = np.where(lag > 0, lag * transfer_factor(lag * 1e-9, *costs[i].T), lag)
+        # each rank's own time after the last arrival: the job's projected transfer, plus
+        # this rank's excess over the measured one, scaled with the transfer only for the
+        # share of the span it shared the link with another collective (its bytes went
+        # slower) and kept otherwise (its CPU was late: two ranks on a core, a busy thread)
+        excess = lag - t[i]
+        c = costs[i]
+        bw_src, bw_dst = c[:, 0] - c[:, 1], c[:, 2] - c[:, 3]
+        ratio = np.divide(bw_dst, bw_src, out=np.ones(len(i)), where=bw_src > 0)
+        scale = 1 + shared[i] * (ratio - 1)
+        w[xfer] = np.where(lag > 0, np.maximum(new[i] + excess * scale, 0.0), lag)
         out.w_alt[xfer] = lag + (alt - t)[i]
     return out
 

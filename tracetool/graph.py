@@ -36,9 +36,12 @@ EDGE_KINDS: dict[str, str] = {
     "transfer_wake": "inferred wait for a CPU-side transfer (replay only, not walked by the "
                      "critical path): end of a gloo span -> the start where another thread "
                      "of the rank resumed after going idle while it was in flight (DDP waits "
-                     "on the bucket futures unrecorded); the resume may precede the span's "
-                     "recorded end a little (tolerance 5% of the span, at least 100 us), so "
-                     "its lag can be negative",
+                     "on the bucket futures unrecorded), or the end of the op that had just "
+                     "enqueued that collective and waited for it inside (an autograd "
+                     "function around all_to_all_single) or of a wait op, when it ended as "
+                     "the span did; the resume may precede the span's recorded end a little "
+                     "(tolerance 5% of the span, at least 100 us), so its lag can be "
+                     "negative",
 }
 KIND_NAMES = list(EDGE_KINDS)
 # edges the critical path's backward walk does not follow (their lag may be negative)

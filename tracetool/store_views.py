@@ -158,7 +158,9 @@ def setup_sql(store: Path | str, allow_writes: Iterable[Path | str] = (),
 # rather than read wrongly. Written to STORE/format.json by the first ingest.
 # 2: the steps table became profiler_steps (raw annotation facts; steps is an analysis view).
 # 3: each rank's dependency graph is stored (cp_nodes, rank_edges), built at ingest.
-STORE_FORMAT = 3
+# 4: rank_edges also binds an op that waited inside itself for its own gloo collective
+#    (transfer_wake into the op's end), so replays of such jobs change.
+STORE_FORMAT = 4
 
 
 class StoreFormatError(StoreError):
