@@ -15,6 +15,16 @@ nodes, the collective across nodes on 1/ppn of the data, all-gather within nodes
 again across datacenters), each with the LL protocol (low latency, half bandwidth) and Simple.
 Latencies (``*_latency``) are one-way and per link for both backends: for NCCL they add to
 every step's constant, for gloo they are the links' propagation (a round trip is twice).
+
+NCCL's flow control caps a connection's rate at its in-flight data per round trip: each
+channel's connection to a peer has NCCL_STEPS = 8 slots of a buffer (``src/init.cc``:
+Simple ``DEFAULT_BUFFSIZE`` 4 MiB; LL 512 KiB, half of it flags; point-to-point
+``NCCL_P2P_NET_CHUNKSIZE`` 128 KiB per slot), and a slot is reused only after the receiver
+has consumed it and said so, one round trip later. So a rank's rate over a network link is
+at most ``channels x window / RTT``, with NET_CHANNELS channels per NIC (the topology search
+finds one ring per NIC, which ``src/graph/connect.cc`` duplicates: ``nChannels * 2``) and RTT
+twice the link's one-way ``*_latency``. Inside a datacenter (microseconds) this never binds;
+across datacenters (milliseconds) it does: 2 x 4 MiB per 9.8 ms round trip is ~0.86 GB/s.
 """
 
 from __future__ import annotations
@@ -32,6 +42,13 @@ from .transport import gloo_time
 BASE_US = {"ll": 6.6, "simple": 8.4}
 STEP_US = {"nvlink": {"ll": 0.6, "simple": 3.4}, "net": {"ll": 2.7, "simple": 14.0}}
 LL_BANDWIDTH = 0.5
+# NCCL's in-flight data per channel and peer connection, bytes (module docstring): collective
+# buffers by protocol (LL: data half of 8 lines x 512 threads x 8 steps x 16 B), and the
+# point-to-point slots (8 x 128 KiB); channels per NIC on a network link
+WINDOW = {"simple": 1 << 22, "ll": 8 * 512 * 8 * 16 // 2}
+P2P_WINDOW = 8 * (1 << 17)
+NET_CHANNELS = 2
+P2P_PER_BATCH = 8  # peers NCCL moves at once (src/include/device.h NCCL_MAX_DEV_WORK_P2P_PER_BATCH)
 
 _BW_UNITS = {"b/s": 1, "bps": 1 / 8, "bit/s": 1 / 8, "kb/s": 1e3, "kbit/s": 1e3 / 8,
              "mb/s": 1e6, "mbit/s": 1e6 / 8, "mbps": 1e6 / 8, "gb/s": 1e9, "gbit/s": 1e9 / 8,
@@ -82,15 +99,23 @@ class Network:
             return "dc"
         return "intra" if a // self.gpus_per_node == b // self.gpus_per_node else "inter"
 
-    def link(self, level: str, proto: str) -> tuple[float, float]:
-        """(per-step latency s, bandwidth bytes/s) of a link level for a protocol."""
+    def link(self, level: str, proto: str, p2p: bool = False) -> tuple[float, float]:
+        """(per-step latency s, data rate bytes/s) of a link level for a protocol: LL moves
+        data at half the bandwidth, and on a network link NCCL's window per round trip caps
+        it (``p2p``: send/recv and all-to-all connections, whose Simple slots are smaller)."""
         if level == "intra":
-            return STEP_US["nvlink"][proto] * 1e-6 + self.intra_node_latency, self.intra_node_bw
-        lat = STEP_US["net"][proto] * 1e-6 + self.inter_node_latency
-        if level == "inter":
-            return lat, self.inter_node_bw
-        bw = self.dc_bw if self.dc_bw is not None else self.inter_node_bw
-        return lat + self.dc_latency, bw
+            lat, bw, one_way = (STEP_US["nvlink"][proto] * 1e-6 + self.intra_node_latency,
+                                self.intra_node_bw, self.intra_node_latency)
+        else:
+            one_way = self.inter_node_latency + (self.dc_latency if level == "dc" else 0.0)
+            lat = STEP_US["net"][proto] * 1e-6 + one_way
+            bw = (self.dc_bw if level == "dc" and self.dc_bw is not None
+                  else self.inter_node_bw)
+        bw *= LL_BANDWIDTH if proto == "ll" else 1.0
+        if level != "intra" and one_way > 0:
+            window = P2P_WINDOW if p2p and proto == "simple" else WINDOW[proto]
+            bw = min(bw, NET_CHANNELS * window / (2 * one_way))
+        return lat, bw
 
 
 _SPEC_KEYS = {f.name for f in fields(Network)}
@@ -127,7 +152,12 @@ def parse_network(spec: str, base: Network | None = None) -> Network:
             values[key] = parse_bandwidth(value)
         else:
             values[key] = parse_time(value)
-    return replace(base, **values)
+    net = replace(base, **values)
+    if net.ranks_per_dc and net.ranks_per_dc % net.gpus_per_node:
+        raise ValueError(f"ranks_per_dc={net.ranks_per_dc} splits a node of gpus_per_node="
+                         f"{net.gpus_per_node} across datacenters: give ranks_per_dc as a "
+                         "multiple of gpus_per_node (or set gpus_per_node)")
+    return net
 
 
 def _steps_time(steps: int, bytes_per_step: float, lat: float, bw: float) -> float:
@@ -140,7 +170,6 @@ def _ring(net: Network, kind: str, nbytes: float, ranks: list[int], proto: str) 
     level = max((net.level(a, b) for a, b in zip(ranks, ranks[1:] + ranks[:1], strict=True)),
                 key=("intra", "inter", "dc").index)
     lat, bw = net.link(level, proto)
-    bw *= LL_BANDWIDTH if proto == "ll" else 1.0
     chunk = nbytes / n
     if kind == "allreduce":
         return _steps_time(2 * (n - 1), chunk, lat, bw)
@@ -202,19 +231,17 @@ def collective_time(net: Network, kind: str, nbytes: float, ranks: list[int],
     if kind in ("send", "recv"):
         a, b = ranks[0], ranks[-1]
         return min(BASE_US[p] * 1e-6 + _steps_time(
-            1, nbytes, *_ll(net.link(net.level(a, b), p), p)) for p in BASE_US)
+            1, nbytes, *net.link(net.level(a, b), p, p2p=True)) for p in BASE_US)
     if kind == "all_to_all":  # every pair exchanges S/n; the slowest pairs set the pace
         return min(BASE_US[p] * 1e-6 + _all_to_all(net, nbytes, ranks, p) for p in BASE_US)
     return min(BASE_US[p] * 1e-6 + algo(net, kind, nbytes, ranks, p)
                for p in BASE_US for algo in (_ring, _hierarchical))
 
 
-def _ll(link: tuple[float, float], proto: str) -> tuple[float, float]:
-    lat, bw = link
-    return lat, bw * (LL_BANDWIDTH if proto == "ll" else 1.0)
-
-
 def _all_to_all(net: Network, nbytes: float, ranks: list[int], proto: str) -> float:
+    """Grouped send/recv with every peer (how PyTorch runs NCCL's all-to-all): NCCL runs the
+    peers' transfers in batches of P2P_PER_BATCH at once, each batch one step's latency; the
+    rank's link carries all peers' bytes (each peer's connection also under its window)."""
     n = len(ranks)
     per_pair = nbytes / n
     src = ranks[0]
@@ -222,9 +249,18 @@ def _all_to_all(net: Network, nbytes: float, ranks: list[int], proto: str) -> fl
     for level in ("intra", "inter", "dc"):
         peers = sum(1 for r in ranks if r != src and net.level(src, r) == level)
         if peers:
-            lat, bw = _ll(net.link(level, proto), proto)
-            total = max(total, peers * lat + (peers * per_pair / bw if bw != math.inf else 0))
+            lat, bw = net.link(level, proto, p2p=True)  # each peer's connection its window
+            if level != "intra":
+                bw = min(bw * peers, _link_bandwidth(net, level, proto))
+            total = max(total, math.ceil(peers / P2P_PER_BATCH) * lat
+                        + (peers * per_pair / bw if bw != math.inf else 0))
     return total
+
+
+def _link_bandwidth(net: Network, level: str, proto: str) -> float:
+    """The data rate of a network link level with no window cap (the NIC's share)."""
+    bw = net.dc_bw if level == "dc" and net.dc_bw is not None else net.inter_node_bw
+    return bw * (LL_BANDWIDTH if proto == "ll" else 1.0)
 
 
 BACKENDS = ("nccl", "gloo")

@@ -215,3 +215,50 @@ def test_gloo_across_datacenters_pays_the_crossing_links() -> None:
             <= collective_time(far, *args))
     got = collective_time(split, "all_to_all", 4 << 20, [0, 1, 2, 3], "gloo")
     assert got == pytest.approx(2 * 10e-3 + 3 * (1 << 20) / 1e8)
+
+
+def test_nccl_window_per_round_trip_caps_a_link_across_datacenters() -> None:
+    """Two GPUs in two datacenters, 5 ms apart one way, 100 Gbit/s across: each of NCCL's 2
+    channels keeps at most its 8 slots of the 4 MiB Simple buffer in flight per 10 ms round
+    trip, so the ring moves 2 x 4 MiB / 10 ms = 839 MB/s, not 12.5 GB/s (hand computation,
+    constants from NCCL's src/init.cc and src/graph/connect.cc)."""
+    net = parse_network("gpus_per_node=1,inter_node_bw=100Gbit/s,ranks_per_dc=1,"
+                        "dc_latency=5ms")
+    s = 1e9
+    rate = 2 * (4 << 20) / 10e-3
+    step = STEP_US["net"]["simple"] * 1e-6 + 5e-3
+    want = BASE_US["simple"] * 1e-6 + 2 * (step + s / 2 / rate)
+    assert collective_time(net, "allreduce", s, [0, 1]) == pytest.approx(want)
+    # a faster link across changes nothing: the window binds
+    faster = replace(net, dc_bw=parse_bandwidth("400Gbit/s"))
+    assert collective_time(faster, "allreduce", s, [0, 1]) == pytest.approx(want)
+    # send/recv: 2 channels x 8 slots of 128 KiB per round trip
+    p2p = BASE_US["simple"] * 1e-6 + step + s / (2 * 8 * (128 << 10) / 10e-3)
+    assert collective_time(net, "send", s, [0, 1]) == pytest.approx(p2p)
+
+
+def test_nccl_window_does_not_bind_inside_a_datacenter() -> None:
+    """At 2 us one way the window allows 2 x 4 MiB / 4 us = 2 TB/s: the NIC's 50 GB/s is the
+    rate, and the ring is the plain alpha-beta sum."""
+    net = parse_network("gpus_per_node=1,inter_node_bw=400Gbit/s,inter_node_latency=2us")
+    s = 1e9
+    step = STEP_US["net"]["simple"] * 1e-6 + 2e-6
+    want = BASE_US["simple"] * 1e-6 + 2 * (step + s / 2 / 50e9)
+    assert collective_time(net, "allreduce", s, [0, 1]) == pytest.approx(want)
+
+
+def test_nccl_all_to_all_moves_up_to_eight_peers_at_once() -> None:
+    """16 ranks, one per node: 15 peers over the network in two batches of NCCL's 8 p2p
+    transfers, so two steps' latency, and every peer's share over the rank's link."""
+    net = parse_network("gpus_per_node=1,inter_node_bw=400Gbit/s,inter_node_latency=1ms")
+    s = 1.6e9
+    step = STEP_US["net"]["simple"] * 1e-6 + 1e-3
+    rate = min(50e9, 15 * 2 * 8 * (128 << 10) / 2e-3)  # 15 connections' windows, or the NIC
+    want = BASE_US["simple"] * 1e-6 + 2 * step + 15 * (s / 16) / rate
+    assert collective_time(net, "all_to_all", s, list(range(16))) == pytest.approx(want)
+
+
+def test_a_node_cannot_span_datacenters() -> None:
+    with pytest.raises(ValueError, match="ranks_per_dc=4 splits a node of gpus_per_node=8"):
+        parse_network("ranks_per_dc=4")
+    assert parse_network("gpus_per_node=4,ranks_per_dc=4").ranks_per_dc == 4
