@@ -11,6 +11,12 @@ projecting onto the source GPU returns the measured time exactly. Without shapes
 scale by their class: compute-bound classes (gemm, conv, attention) by the peak-TFLOPS ratio
 of their dtype, the rest by the HBM-bandwidth ratio; communication is the network model's.
 
+Small kernels (``project_kernel_ns``): a kernel's time is the GPU's floor (a trivial kernel's
+launch-bound duration, ``Gpu.kernel_floor_ns``) plus the rest, and only the rest scales with
+the rates, further divided by the class's efficiency on each GPU (``Gpu.efficiency``): a
+1.6 us H100 elementwise kernel takes the MI300X's 2.0 us floor, not 1.6 x 0.63 us. Applied when
+the GPU changes (not for a clock change of the same GPU, whose floors are the same).
+
 The categories a GPU op can have (``CATEGORIES``) are the one list ``--speedup`` accepts: the
 kernel classes of the ``kernels`` view (``analysis/sql/10_ops.sql``; a test checks the two
 agree) and, for the other GPU ops, their kind (the replay graph's
@@ -22,6 +28,8 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
+
+import numpy as np
 
 from tracetool.dtypes import ELEM_BYTES
 from tracetool.errors import InputError
@@ -111,6 +119,16 @@ def project_ns(measured_ns: float, category: str, source: Gpu, target: Gpu,
     if category in COMPUTE_BOUND:
         return measured_ns * source.peak_tflops(dtype) / target.peak_tflops(dtype)
     return measured_ns * source.hbm_gbps / target.hbm_gbps
+
+
+def project_kernel_ns(measured_ns: np.ndarray, ratio: np.ndarray, category: np.ndarray,
+                      source: Gpu, target: Gpu) -> np.ndarray:
+    """Kernels' times on another GPU from their measured times and the rates' ratios (target
+    / source time of their work): the target's floor, plus the measured time above the
+    source's floor scaled by the ratio and by the class's efficiency on each GPU."""
+    eff = {c: source.efficiency(c) / target.efficiency(c) for c in np.unique(category)}
+    above = np.maximum(np.asarray(measured_ns, dtype=float) - source.kernel_floor_ns, 0.0)
+    return target.kernel_floor_ns + above * ratio * np.array([eff[c] for c in category])
 
 
 class WhatIfError(InputError):

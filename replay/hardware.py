@@ -1,9 +1,12 @@
 """The GPU catalog the replayer projects onto: peak rates and achievable fractions.
 
 One TOML file per GPU in ``replay/gpus/`` (peak dense TFLOPS per dtype, HBM and scale-up
-bandwidth per direction, the fractions of peak tuned kernels reach, the SM clock range and
-power envelope the clock and power-cap what-ifs use (``clocks.py``), and where the numbers
-come from). The source GPU of a trace is found from its ``deviceProperties`` names.
+bandwidth per direction, the fractions of peak tuned kernels reach, the small-kernel regime
+(``[kernels]``: the duration of a trivial, launch-bound kernel; ``[class_efficiency]``: how a
+kernel class runs against its roofline relative to the NVIDIA parts; ``compute.py``), the SM
+clock range and power envelope the clock and power-cap what-ifs use (``clocks.py``), and
+where the numbers come from). The source GPU of a trace is found from its
+``deviceProperties`` names.
 """
 
 from __future__ import annotations
@@ -41,6 +44,13 @@ class Gpu:
     achievable: dict[str, float] = field(default_factory=dict)  # compute, memory, scale_up
     source: str = ""
     clocks: Clocks | None = None
+    kernel_floor_ns: float = 0.0  # a trivial, launch-bound kernel's duration
+    class_efficiency: dict[str, float] = field(default_factory=dict)  # by class; absent: 1
+    kernels_source: str = ""
+
+    def efficiency(self, category: str) -> float:
+        """How fast kernels of ``category`` run against the roofline, relative to 1.0."""
+        return self.class_efficiency.get(category, 1.0)
 
     def peak_tflops(self, dtype: str) -> float:
         """Peak for ``dtype``, falling back to the widest type the GPU does have units for
@@ -64,7 +74,11 @@ def _load(key: str, text: str) -> Gpu:
                tflops=tflops, hbm_gbps=float(peak["hbm_gbps"]),
                scale_up_gbps=float(peak["scale_up_gbps"]),
                achievable={k: float(v) for k, v in doc["achievable"].items()},
-               source=source.get("text", ""), clocks=clocks)
+               source=source.get("text", ""), clocks=clocks,
+               kernel_floor_ns=float(doc.get("kernels", {}).get("floor_us", 0.0)) * 1e3,
+               class_efficiency={k: float(v) for k, v in
+                                 doc.get("class_efficiency", {}).items()},
+               kernels_source=source.get("kernels", ""))
 
 
 def catalog() -> dict[str, Gpu]:

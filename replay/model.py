@@ -31,7 +31,15 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from .clocks import PowerCap, at_clock, scenario_clock
-from .compute import COMPUTE_BOUND, DTYPE_OF, Speedup, WhatIfError, op_work, roofline_s
+from .compute import (
+    COMPUTE_BOUND,
+    DTYPE_OF,
+    Speedup,
+    WhatIfError,
+    op_work,
+    project_kernel_ns,
+    roofline_s,
+)
 from .graph import (
     COMM_DURATION,
     DP_GROUP_DESC,
@@ -226,6 +234,10 @@ def _gpu_factors(graph: ReplayGraph, src: Gpu, dst: Gpu) -> tuple[np.ndarray, np
         if key not in cache:
             cache[key] = _compute_ratio(key, src, dst)
         factor[i], model_ns[i] = cache[key]
+    if src.key != dst.key:  # another GPU: its floor for small kernels, its class efficiencies
+        k = np.flatnonzero((kind == "kernel") & (cat != "comm") & (ops["dur"] > 0))
+        dur = ops["dur"][k].astype(float)
+        factor[k] = project_kernel_ns(dur, factor[k], cat[k], src, dst) / dur
     return factor, model_ns
 
 
