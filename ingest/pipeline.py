@@ -24,6 +24,7 @@ from tracetool.objstore import CommitConflict
 from . import decode
 from .build import build_file
 from .options import TRACE_SUFFIXES, FileResult, Options, UsageProblem
+from .packs import refresh_pack
 from .shard import Stage, shard_files
 from .source import is_gzip
 from .store import JOB_NAME, MAX_JOB_NAME, ObjectStoreWriter, Store, StoredFile, open_store
@@ -192,6 +193,8 @@ def ingest(
                 on_result(r)
         if stage is not None:
             stage.publish(results)
+        elif isinstance(store, Store):  # a job of many ranks: its tables compacted
+            refresh_pack(store, job, opts.memory_limit, workers.workers)
     except BaseException as err:
         # an interrupt: stop the workers now, not after their tasks
         workers.close(kill=not isinstance(err, Exception))

@@ -134,6 +134,7 @@ def commit_job(store: Store, job: str, force: bool = False) -> list[FileResult]:
     failed or skipped, as they reported them). Raises ``CommitProblem`` before publishing
     anything when the shards are incomplete, a rank is staged twice, or a rank clashes with
     what the store holds (without ``force``)."""
+    from .packs import refresh_pack
     from .pipeline import commit_built  # the ingest's commit rules, one home
 
     with store.lock():
@@ -170,4 +171,5 @@ def commit_job(store: Store, job: str, force: bool = False) -> list[FileResult]:
         results = [commit_built(r, store, stored, committed, force) for r in staged]
         shutil.rmtree(staging_dir(store, job), ignore_errors=True)
     store.remove_retired()
+    refresh_pack(store, job)
     return results + reported

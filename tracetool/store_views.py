@@ -28,7 +28,7 @@ from pathlib import Path
 
 import duckdb
 
-from tracetool import objstore
+from tracetool import objstore, packs
 from tracetool.errors import StoreError
 from tracetool.schema import TABLES, TABLES_BY_NAME
 from tracetool.sqltext import exact_path, list_literal, literal, path_list
@@ -50,7 +50,7 @@ def store_files(store: Path | str) -> dict[str, list[Path]]:
     cache once (``objstore.local_copies``); FileNotFoundError when it holds no pointer,
     StoreFormatError for another format."""
     if not objstore.is_object_store(store):
-        return {t.name: table_files(store, t.name) for t in TABLES}
+        return _local_files(Path(store).resolve(), [t.name for t in TABLES])
     loc = objstore.parse_location(store)
     files = objstore.current_files(objstore.ObjectStore(loc),
                                    lambda snap: _check_format_value(snap.format, loc))
@@ -64,8 +64,22 @@ def table_files(store: Path | str, table: str) -> list[Path]:
     layout is known (an object store's files are ``store_files``')."""
     loc = objstore.parse_location(store)
     if isinstance(loc, Path):
-        return sorted((loc.resolve() / "data").glob(f"job=*/rank=*/{table}/*.parquet"))
+        return _local_files(loc.resolve(), [table])[table]
     return store_files(store)[table]
+
+
+def _local_files(root: Path, tables: list[str]) -> dict[str, list[Path]]:
+    """A local store's files of ``tables``: per job, its pack's when the pack is current
+    (``tracetool.packs``), else every rank partition's."""
+    out: dict[str, list[Path]] = {t: [] for t in tables}
+    for job_dir in sorted((root / "data").glob("job=*")):
+        gen = packs.current_pack(root, job_dir.name[4:])
+        for t in tables:
+            if gen is not None:
+                out[t] += [f for f in [gen / f"{t}.parquet"] if f.exists()]
+            else:
+                out[t] += sorted(job_dir.glob(f"rank=*/{t}/*.parquet"))
+    return out
 
 
 def local_root(store: Path | str) -> Path:
@@ -79,8 +93,15 @@ def table_sql(store: Path | str, table: str, files: Sequence[Path] | None = None
     """The relation of one table of a store (job and rank from the path): read_parquet over
     its files, or an empty relation of the table's columns when the store has none."""
     files = table_files(store, table) if files is None else files
-    if files:
-        return f"read_parquet({path_list(files)}, {HIVE})"
+    root = local_root(store)
+    packed = [f for f in files if packs.is_pack_file(root, f)]
+    parts = [f for f in files if not packs.is_pack_file(root, f)]
+    if parts and not packed:
+        return f"read_parquet({path_list(parts)}, {HIVE})"
+    reads = ([f"SELECT * FROM read_parquet({path_list(parts)}, {HIVE})"] if parts else []) + (
+        [f"SELECT * FROM read_parquet({path_list(packed)})"] if packed else [])
+    if reads:  # packs hold job and rank as columns, in the partitions' order of columns
+        return "(" + " UNION ALL ".join(reads) + ")"
     cols = ", ".join(f"CAST(NULL AS {c.sql_type}) AS {c.name}"
                      for c in TABLES_BY_NAME[table].columns)
     return f"(SELECT {cols}, NULL::VARCHAR AS job, NULL::INTEGER AS rank WHERE false)"

@@ -1,0 +1,105 @@
+"""Build a job's pack (``tracetool.packs``): its tables compacted into one file each.
+
+Built after an ingest of a job of PACK_MIN_RANKS ranks or more (and by ``tracetool commit``),
+from the partitions as they are at the start; published by replacing ``current`` only if they
+are still exactly those, under the store's lock. A pack that lost a race, or an ingest killed
+while building one, leaves a generation directory nobody names, removed by the next build.
+Readers check a pack against the partitions anyway, so nothing here can make a query read a
+stale copy.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import uuid
+from pathlib import Path
+
+from tracetool.packs import (
+    CURRENT,
+    PACK_MIN_RANKS,
+    SOURCES,
+    current_pack,
+    pack_dir,
+    partition_ids,
+)
+from tracetool.schema import TABLES
+from tracetool.sqltext import literal, path_list
+from tracetool.store_views import HIVE
+
+from .derive import connect
+from .lock import owner_gone, owner_tag
+from .store import Store
+
+
+def refresh_pack(store: Store, job: str, memory_limit: str = "256MB", threads: int = 1
+                 ) -> bool:
+    """Build the job's pack unless it has one that is current or too few ranks; True when a
+    new pack was published."""
+    root = store.root.resolve()
+    job_dir = root / "data" / f"job={job}"
+    ids = partition_ids(job_dir)
+    if len(ids) < PACK_MIN_RANKS or current_pack(root, job, ids) is not None:
+        return False
+    d = pack_dir(root, job)
+    gen = d / f"{owner_tag()}-{uuid.uuid4().hex}"  # another build can tell it from a dead one's
+    gen.mkdir(parents=True)
+    try:
+        _write(gen, job_dir, sorted(ids), memory_limit, threads)
+        with store.lock():
+            if partition_ids(job_dir) != ids:  # an ingest replaced a rank meanwhile
+                shutil.rmtree(gen, ignore_errors=True)
+                return False
+            (gen / SOURCES).write_text(json.dumps({"partitions": {str(r): ids[r]
+                                                                  for r in ids}}))
+            try:
+                previous = (d / CURRENT).read_text().strip()
+            except FileNotFoundError:
+                previous = ""
+            tmp = d / f".{CURRENT}-{uuid.uuid4().hex}"
+            tmp.write_text(gen.name + "\n")
+            os.replace(tmp, d / CURRENT)
+            _remove_old(d, keep={gen.name, previous})
+    except BaseException:
+        shutil.rmtree(gen, ignore_errors=True)
+        raise
+    return True
+
+
+def _write(gen: Path, job_dir: Path, ranks: list[int], memory_limit: str, threads: int
+           ) -> None:
+    """One Parquet file per table: the partitions' rows in rank order (row groups then hold
+    few ranks each, so a filter on rank skips the rest), job and rank as columns."""
+    con = connect(gen, threads, memory_limit)
+    con.execute("SET preserve_insertion_order = true")
+    con.execute("SET enable_progress_bar = false")
+    try:
+        for t in TABLES:
+            files = [f for r in ranks
+                     for f in sorted((job_dir / f"rank={r}" / t.name).glob("*.parquet"))]
+            if not files:
+                continue
+            con.execute(f"COPY (SELECT * FROM read_parquet({path_list(files)}, {HIVE})) "
+                        f"TO {literal(gen / f'{t.name}.parquet')} "
+                        "(FORMAT parquet, COMPRESSION zstd, ROW_GROUP_SIZE 122880)")
+    finally:
+        con.close()
+        shutil.rmtree(gen / "duckdb-spill", ignore_errors=True)
+
+
+def _remove_old(d: Path, keep: set[str]) -> None:
+    """Under the lock: the generations published before the one ``keep`` names last (a query
+    that listed that one's files just before the swap may still be reading them; it goes at
+    the next build), those of builds that died, and temporary pointers (only ever present
+    under the lock when their writer died). A live build's generation has no SOURCES yet."""
+    for e in os.scandir(d):
+        if e.name in keep or e.name == CURRENT:
+            continue
+        if e.is_dir(follow_symlinks=False):
+            if (Path(e.path) / SOURCES).exists() or owner_gone(e.name):
+                shutil.rmtree(e.path, ignore_errors=True)
+        elif e.name.startswith(f".{CURRENT}-"):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(e.path)

@@ -1,0 +1,121 @@
+"""Packs (tracetool.packs, ingest/packs.py): a job's tables compacted into one file each are
+read instead of its partitions only while they are a copy of exactly those partitions, and
+every view answers the same from either."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+import tracetool
+from tracetool import packs
+from tracetool.ingest import packs as build
+from tracetool.ingest.lock import owner_tag
+from tracetool.ingest.pipeline import Options, ingest
+from tracetool.ingest.store import Store
+from tracetool.replay import Replayer, Scenario, parse_network
+from tracetool.schema import TABLES
+from tracetool.store_views import store_files
+
+from ._util import REPO
+
+NETLAB = REPO / "sample_traces" / "netlab"
+NET = "gpus_per_node=1,inter_node_bw=1Gbit/s,inter_node_latency=43us"
+VIEWS = ("events", "gpu_ops", "collectives", "cp_nodes", "rank_edges", "trace_files",
+         "steps", "collective_instances", "stragglers", "step_breakdown", "rank_clock_offsets")
+
+
+@pytest.fixture
+def few_ranks(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(build, "PACK_MIN_RANKS", 2)  # the netlab jobs have 4 ranks
+
+
+def _rows(store: Path) -> dict[str, list]:
+    con = tracetool.connect(store)
+    return {v: sorted(map(repr, con.execute(f"SELECT * EXCLUDE (job) FROM {v}").fetchall()))
+            for v in VIEWS}
+
+
+def _step_times(store: Path, job: str) -> list[int]:
+    r = Replayer.from_store(tracetool.connect(store), job)
+    sc = Scenario(source_network=parse_network(NET),
+                  network=parse_network("gpus_per_node=1,inter_node_bw=200Mbit/s"))
+    return [s.projected_ns for s in r.run(sc, critical_path=False).steps]
+
+
+def test_a_pack_is_read_and_answers_as_the_partitions(tmp_path: Path, few_ranks: None) -> None:
+    store = tmp_path / "store"
+    ingest([NETLAB / "a2a_1gbit"], Options(store, job="a2a"))
+    root = store.resolve()
+    gen = packs.current_pack(root, "a2a")
+    assert gen is not None
+    files = store_files(store)
+    for t in TABLES:  # one file per table, the pack's, when the table has rows
+        assert all(gen in f.parents for f in files[t.name]) and len(files[t.name]) <= 1
+    assert len(files["events"]) == 1
+    packed, packed_steps = _rows(store), _step_times(store, "a2a")
+    (root / "packs" / "job=a2a" / "current").unlink()  # now read from the partitions
+    assert packs.current_pack(root, "a2a") is None
+    assert len(store_files(store)["events"]) == 4
+    assert _rows(store) == packed
+    assert _step_times(store, "a2a") == packed_steps
+
+
+def test_a_stale_pack_is_never_read_and_the_next_ingest_rebuilds_it(
+        tmp_path: Path, few_ranks: None) -> None:
+    store = tmp_path / "store"
+    ingest([NETLAB / "a2a_1gbit"], Options(store, job="a2a"))
+    root = store.resolve()
+    first = packs.current_pack(root, "a2a")
+    # another trace replaces rank 1 (as --force would): the pack no longer matches
+    other = sorted((NETLAB / "a2a_500mbit").glob("*.json.gz"))[1]
+    res = ingest([other], Options(store, job="a2a", rank=1, force=True))
+    assert res[0].status == "ingested"
+    second = packs.current_pack(root, "a2a")
+    assert second is not None and second != first  # rebuilt at the end of that ingest
+    assert first.exists()  # the one it replaced stays for queries under way
+    con = tracetool.connect(store)
+    names = {r[0] for r in con.execute("SELECT DISTINCT file_name FROM trace_files "
+                                       "WHERE rank = 1").fetchall()}
+    assert names == {other.name}
+    # a partition put in place behind the pack's back (its directory is new): not read
+    part = root / "data" / "job=a2a" / "rank=2"
+    shutil.copytree(part, tmp_path / "copy")
+    shutil.rmtree(part)
+    (tmp_path / "copy").rename(part)
+    assert packs.current_pack(root, "a2a") is None
+    assert len(store_files(store)["events"]) == 4
+
+
+def test_a_build_that_died_leaves_nothing_read_and_is_cleaned_up(
+        tmp_path: Path, few_ranks: None) -> None:
+    store = tmp_path / "store"
+    ingest([NETLAB / "a2a_1gbit"], Options(store, job="a2a"))
+    root = store.resolve()
+    d = root / "packs" / "job=a2a"
+    dead = d / "deadhost-4194399-1-0123456789abcdef"  # another host's tag: kept
+    ours_dead = d / f"{_dead_local_tag()}-0123456789abcdef"
+    for g in (dead, ours_dead):
+        (g).mkdir()
+        (g / "events.parquet").write_bytes(b"half")
+    (d / ".current-0123").write_text("nothing\n")
+    (d / "current").unlink()
+    assert build.refresh_pack(Store(store), "a2a")
+    assert not ours_dead.exists() and not (d / ".current-0123").exists()
+    assert dead.exists()
+    assert packs.current_pack(root, "a2a") is not None
+
+
+def test_small_jobs_are_not_packed(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    ingest([NETLAB / "a2a_1gbit"], Options(store, job="a2a"))  # 4 ranks < PACK_MIN_RANKS
+    assert not (store / "packs").exists()
+    assert len(store_files(store)["events"]) == 4
+
+
+def _dead_local_tag() -> str:
+    """An owner tag of this host whose process cannot exist (beyond pid_max)."""
+    host = owner_tag().split("-")[0]
+    return f"{host}-{2**22 + 12345}-1"
