@@ -116,6 +116,7 @@ def _network_regimes(graph: ReplayGraph, scenario: Scenario) -> np.ndarray:
     dst = target_network(graph, scenario)
     flat = None if dst is None else dataclasses.replace(
         dst, intra_node_latency=0.0, inter_node_latency=0.0, dc_latency=0.0)
+    latency_bound: dict[tuple, bool] = {}  # by (kind, bytes, ranks): instances repeat
     for i, (kind, nbytes, ranks) in enumerate(zip(insts["kind"], insts["bytes"],
                                                   insts["group_ranks"], strict=True)):
         if kind == "all_to_all":
@@ -123,12 +124,15 @@ def _network_regimes(graph: ReplayGraph, scenario: Scenario) -> np.ndarray:
         elif not nbytes > 0:
             out[i] = "net_unknown_size"
         elif dst is not None and ranks and len(ranks) > 1:
-            try:
-                t, t_flat = (collective_time(n, kind, float(nbytes), list(ranks))
-                             for n in (dst, flat))
-            except ValueError:
-                continue
-            if t > 0 and 1 - t_flat / t > LATENCY_BOUND:
+            key = (kind, float(nbytes), tuple(ranks))
+            if key not in latency_bound:
+                try:
+                    t, t_flat = (collective_time(n, kind, float(nbytes), list(ranks))
+                                 for n in (dst, flat))
+                    latency_bound[key] = t > 0 and 1 - t_flat / t > LATENCY_BOUND
+                except ValueError:
+                    latency_bound[key] = False
+            if latency_bound[key]:
                 out[i] = "net_latency"
     return out
 

@@ -252,6 +252,8 @@ class ReplayGraph:
     step_reported: np.ndarray | None = None
     partial: int = 0  # collective instances whose last arrival is not replayed
     frontier: int = 0  # events outside the bounds kept as fixed points
+    # what the models derive from the graph alone, computed once (model.overlap_share, ...)
+    memo: dict = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def n_nodes(self) -> int:

@@ -455,38 +455,54 @@ def _comm_spans(graph: ReplayGraph) -> tuple[np.ndarray, ...]:
 def overlap_share(graph: ReplayGraph) -> np.ndarray:
     """Per collective instance: the share of its span (mean over its ranks) during which
     another collective of the same rank was in flight: gloo runs two at once (two runloop
-    threads), and they share the connections."""
+    threads), and they share the connections. Computed once per graph."""
+    if "overlap_share" not in graph.memo:
+        graph.memo["overlap_share"] = _overlap_share(graph)
+    return graph.memo["overlap_share"]
+
+
+def _overlap_share(graph: ReplayGraph) -> np.ndarray:
     n = len(graph.insts["transfer_ns"])
     rank, inst, t0, t1 = _comm_spans(graph)
     share, count = np.zeros(n), np.zeros(n)
-    for r in np.unique(rank):
-        sel = np.flatnonzero(rank == r)
+    for sel in _by_rank(rank):
         a, b = t0[sel], t1[sel]
-        for j, x in enumerate(sel):
-            span = b[j] - a[j]
-            if span <= 0:
-                continue
-            cover = np.clip(np.minimum(b, b[j]) - np.maximum(a, a[j]), 0, None)
-            cover[j] = 0
-            share[inst[x]] += min(cover.sum() / span, 1.0)
-            count[inst[x]] += 1
+        for lo in range(0, len(sel), 512):  # rows of the rank's span x span overlaps
+            rows = slice(lo, lo + 512)
+            cover = np.clip(np.minimum(b[rows, None], b[None, :])
+                            - np.maximum(a[rows, None], a[None, :]), 0, None)
+            cover[np.arange(cover.shape[0]), np.arange(lo, lo + cover.shape[0])] = 0
+            span = b[rows] - a[rows]
+            ok = span > 0
+            frac = np.minimum(cover.sum(axis=1)[ok] / span[ok], 1.0)
+            np.add.at(share, inst[sel][rows][ok], frac)
+            np.add.at(count, inst[sel][rows][ok], 1)
     return np.divide(share, count, out=np.zeros(n), where=count > 0)
+
+
+def _by_rank(rank: np.ndarray) -> list[np.ndarray]:
+    """Indices of ``rank``'s entries per rank, each in their original order."""
+    order = np.argsort(rank, kind="stable")
+    cuts = np.flatnonzero(np.diff(rank[order])) + 1
+    return np.split(order, cuts) if len(order) else []
 
 
 def idle_before(graph: ReplayGraph) -> np.ndarray:
     """Per collective instance: seconds since its ranks' previous collective ended (the
     shortest over its ranks; 0 for a rank's first one in the trace, whose past is unknown),
-    for TCP's slow start after idle."""
+    for TCP's slow start after idle. Computed once per graph."""
+    if "idle_before" in graph.memo:
+        return graph.memo["idle_before"]
     n = len(graph.insts["transfer_ns"])
     rank, inst, t0, t1 = _comm_spans(graph)
     idle = np.full(n, np.inf)
-    for r in np.unique(rank):
-        sel = np.flatnonzero(rank == r)
+    for sel in _by_rank(rank):
         sel = sel[np.argsort(t0[sel], kind="stable")]
         last = np.maximum.accumulate(t1[sel])
         gap = np.concatenate([[0.0], np.maximum(t0[sel][1:] - last[:-1], 0.0)])
         np.minimum.at(idle, inst[sel], gap * 1e-9)
-    return np.where(np.isfinite(idle), idle, 0.0)
+    graph.memo["idle_before"] = np.where(np.isfinite(idle), idle, 0.0)
+    return graph.memo["idle_before"]
 
 
 def _costs(src: Network, dst: Network, kind: str, nbytes: float, ranks: list[int],

@@ -34,6 +34,8 @@ import re
 import tomllib
 from dataclasses import dataclass, fields, replace
 
+import numpy as np
+
 from .hardware import Gpu
 from .transport import gloo_time
 
@@ -167,9 +169,7 @@ def _steps_time(steps: int, bytes_per_step: float, lat: float, bw: float) -> flo
 def _ring(net: Network, kind: str, nbytes: float, ranks: list[int], proto: str) -> float:
     """Flat ring over all ranks: every step is paced by the slowest link of the ring."""
     n = len(ranks)
-    level = max((net.level(a, b) for a, b in zip(ranks, ranks[1:] + ranks[:1], strict=True)),
-                key=("intra", "inter", "dc").index)
-    lat, bw = net.link(level, proto)
+    lat, bw = net.link(_ring_level(net, ranks), proto)
     chunk = nbytes / n
     if kind == "allreduce":
         return _steps_time(2 * (n - 1), chunk, lat, bw)
@@ -180,11 +180,22 @@ def _ring(net: Network, kind: str, nbytes: float, ranks: list[int], proto: str) 
     raise ValueError(f"unknown collective {kind!r}")
 
 
-def _groups(ranks: list[int], key) -> list[list[int]]:  # noqa: ANN001
-    out: dict[int, list[int]] = {}
-    for r in ranks:
-        out.setdefault(key(r), []).append(r)
-    return list(out.values())
+def _ring_level(net: Network, ranks: list[int]) -> str:
+    """The slowest link of the ring over ``ranks`` (each to the next, the last to the first):
+    'dc', 'inter' or 'intra' (vectorized: rings of thousands of ranks are priced per
+    collective instance)."""
+    a = np.asarray(ranks)
+    b = np.roll(a, -1)
+    if net.ranks_per_dc and (a // net.ranks_per_dc != b // net.ranks_per_dc).any():
+        return "dc"
+    return "inter" if (a // net.gpus_per_node != b // net.gpus_per_node).any() else "intra"
+
+
+def _nodes(net: Network, ranks: list[int]) -> list[list[int]]:
+    """``ranks`` (sorted) grouped by node."""
+    a = np.asarray(ranks)
+    cuts = np.flatnonzero(np.diff(a // net.gpus_per_node)) + 1
+    return [g.tolist() for g in np.split(a, cuts)]
 
 
 def _hierarchical(net: Network, kind: str, nbytes: float, ranks: list[int], proto: str
@@ -192,7 +203,7 @@ def _hierarchical(net: Network, kind: str, nbytes: float, ranks: list[int], prot
     """Reduce-scatter inside each node, the collective across nodes on each GPU's 1/ppn share
     (in parallel, one ring per local index), all-gather inside the node; across datacenters
     the inner step recurses with datacenters as the outer level."""
-    nodes = _groups(ranks, lambda r: r // net.gpus_per_node)
+    nodes = _nodes(net, ranks)
     ppn = max(len(g) for g in nodes)
     if len(nodes) == 1 or ppn == 1 or kind not in ("allreduce", "allgather",
                                                    "reduce_scatter"):

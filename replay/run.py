@@ -14,6 +14,7 @@ event's start to its last event's end.
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import duckdb
@@ -113,6 +114,8 @@ class Replayer:
         self._db.execute(sql_file("25_intervals.sql"))
         self.measured = step_windows(graph, graph.t0)
         self._measured_breakdown: dict[int, dict[str, int]] | None = None
+        # the band's schedules (compiled, without the GIL) run here beside the breakdown
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="tracetool-band")
 
     @classmethod
     def from_store(cls, con: duckdb.DuckDBPyConnection, job: str,
@@ -124,22 +127,20 @@ class Replayer:
             breakdown: bool = True, include_incomplete: bool = False) -> ReplayResult:
         """Project every complete job step under ``scenario`` (identity if None; every step
         with ``include_incomplete``)."""
-        from .simulate import schedule  # numba: loaded once the graph is read
+        from .simulate import schedule, schedule_many  # numba: loaded once the graph is read
 
         scenario = scenario or Scenario()
         g = self.graph
         wts = weights(g, scenario)
         t = schedule(g.order, g.indptr, g.src, wts.w, g.t0)
         m, p = self.measured, step_windows(g, t)
-        alts = [p.job_end - p.job_start]  # the step times the band spans
+        ws = []  # the other schedules the band spans: on a thread, while the breakdown runs
         if not np.array_equal(wts.w, wts.w_alt):
-            alts.append(self._step_times(wts.w_alt))
+            ws.append(wts.w_alt)
         err, used = edge_errors(g, scenario, wts.w)
         if used:
-            alts += [self._step_times(w) for w in bounds(wts.w, err)]
-        low, high = self._band(np.where(g.step_complete & g.step_reported,
-                                        m.job_end - m.job_start, np.nan),
-                               p.job_end - p.job_start, np.array(alts))
+            ws += list(bounds(wts.w, err))
+        band = self._pool.submit(schedule_many, g.order, g.indptr, g.src, ws, g.t0) if ws else None
         path, segments = (self._path(t, wts.w, p.job_start, p.job_end) if critical_path
                           else (None, {}))
         if breakdown:
@@ -149,6 +150,13 @@ class Replayer:
             # the identity schedule is the measured timeline, exactly (integer ns in float64)
             projected_bd = (measured_bd if np.array_equal(t, g.t0)
                             else self._breakdowns(t, p, self._added_waits(t, wts.w)))
+        alts = [p.job_end - p.job_start]  # the step times the band spans
+        for x in band.result() if band is not None else []:
+            s = step_windows(g, x)
+            alts.append(s.job_end - s.job_start)
+        low, high = self._band(np.where(g.step_complete & g.step_reported,
+                                        m.job_end - m.job_start, np.nan),
+                               p.job_end - p.job_start, np.array(alts))
         steps = []
         for i, s in enumerate(g.steps):
             if not (g.step_complete[i] or include_incomplete) or not g.step_reported[i]:
@@ -180,14 +188,6 @@ class Replayer:
                 "ranks": None if g.bounds.ranks is None else list(g.bounds.ranks),
                 "replayed_ranks": g.replayed_ranks.tolist(), "job_ranks": g.ranks.tolist(),
                 "partial_collectives": g.partial, "fixed_points": g.frontier}
-
-    def _step_times(self, w: np.ndarray) -> np.ndarray:
-        """Projected job step times under edge weights ``w``."""
-        from .simulate import schedule
-
-        g = self.graph
-        s = step_windows(g, schedule(g.order, g.indptr, g.src, w, g.t0))
-        return s.job_end - s.job_start
 
     def _band(self, measured: np.ndarray, projected: np.ndarray, spans: np.ndarray
               ) -> tuple[np.ndarray, np.ndarray]:

@@ -171,7 +171,7 @@ def smallest_in_edges(indptr: np.ndarray, lag: np.ndarray) -> np.ndarray:
     return _smallest(indptr, np.ascontiguousarray(lag, dtype=np.float64))
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _schedule(order: np.ndarray, indptr: np.ndarray, src: np.ndarray, w: np.ndarray,
               t0: np.ndarray) -> np.ndarray:  # pragma: no cover - compiled
     t = t0.copy()
@@ -195,6 +195,47 @@ def schedule(order: np.ndarray, indptr: np.ndarray, src: np.ndarray, w: np.ndarr
     """Times of every node (float64 ns) under edge weights ``w``."""
     return _schedule(order, indptr, src, np.ascontiguousarray(w, dtype=np.float64),
                      np.ascontiguousarray(t0, dtype=np.float64))
+
+
+@njit(cache=True, nogil=True)
+def _schedule_many(order: np.ndarray, indptr: np.ndarray, src: np.ndarray, w: np.ndarray,
+                   t0: np.ndarray) -> np.ndarray:  # pragma: no cover - compiled
+    k = w.shape[1]
+    t = np.empty((len(t0), k))
+    for v in range(len(t0)):
+        for c in range(k):
+            t[v, c] = t0[v]
+    for i in range(len(order)):
+        v = order[i]
+        a = indptr[v]
+        b = indptr[v + 1]
+        if a == b:
+            continue
+        s = src[a]
+        for c in range(k):
+            t[v, c] = t[s, c] + w[a, c]
+        for j in range(a + 1, b):
+            s = src[j]
+            for c in range(k):
+                x = t[s, c] + w[j, c]
+                if x > t[v, c]:
+                    t[v, c] = x
+    return t
+
+
+def schedule_many(order: np.ndarray, indptr: np.ndarray, src: np.ndarray,
+                  weights: list[np.ndarray], t0: np.ndarray) -> list[np.ndarray]:
+    """``schedule`` under several weight vectors in one pass over the graph (each node's
+    in-edges and their sources' times read once for all of them: the random reads are the
+    cost, so 3 schedules cost about 2). The times per weight vector, in order (views); the
+    same maxima of the same sums as ``schedule``, to the bit. Releases the GIL."""
+    if len(weights) == 1:
+        return [schedule(order, indptr, src, weights[0], t0)]
+    w = np.empty((len(weights[0]), len(weights)))
+    for c, x in enumerate(weights):
+        w[:, c] = x
+    t = _schedule_many(order, indptr, src, w, np.ascontiguousarray(t0, dtype=np.float64))
+    return [t[:, c] for c in range(len(weights))]
 
 
 @njit(cache=True)
@@ -229,3 +270,4 @@ def warm_up() -> None:
     csr_by_destination(np.array([1]), np.array([0], dtype=np.int8), src, 2)
     smallest_in_edges(indptr, w)
     binding_edges(indptr, src, w, np.zeros(1, dtype=np.int8), schedule(order, indptr, src, w, t0))
+    schedule_many(order, indptr, src, [w, w], t0)
