@@ -5,7 +5,11 @@ The store is a directory of Parquet files laid out as
 partitioned by job and rank (hive style), and the
 ``job=J/rank=R`` directory of one ingested trace file is written in a temporary directory and
 renamed into place, so a reader never sees half of an ingest. ``job`` (VARCHAR) and ``rank``
-(INTEGER) come from the path, not from the files.
+(INTEGER) come from the path, not from the files. A job of 32 ranks or more also has a pack,
+``STORE/packs/job=J/<generation>/<table>.parquet``: each table of the job in one file, rows in
+rank order, ``job`` and ``rank`` as columns (the same columns, in the same order, as the
+partitions read with hive partitioning); readers use it while it copies exactly the job's
+current partitions (``tracetool/packs.py``).
 
 Conventions, as in Perfetto's SQL library: times are int64 nanoseconds since the Unix epoch
 (``*_ns``; the trace's ``baseTimeNanoseconds`` already added), durations int64 nanoseconds,
