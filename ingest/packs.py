@@ -1,11 +1,14 @@
 """Build a job's pack (``tracetool.packs``): its tables compacted into one file each.
 
-Built after an ingest of a job of PACK_MIN_RANKS ranks or more (and by ``tracetool commit``),
-from the partitions as they are at the start; published by replacing ``current`` only if they
-are still exactly those, under the store's lock. A pack that lost a race, or an ingest killed
-while building one, leaves a generation directory nobody names, removed by the next build.
-Readers check a pack against the partitions anyway, so nothing here can make a query read a
-stale copy.
+Built after an ingest of a job of PACK_MIN_RANKS ranks or more (and by ``tracetool commit``
+and ``tracetool pack``), from the partitions as they are at the start. After an ingest only
+when the job has no pack yet or at least REBUILD_SHARE of its ranks changed since its pack
+was built, so a job ingested a rank at a time is copied O(log n) times, not n times (between
+rebuilds its reads use the partitions, and the ingest says so). Published by replacing
+``current`` only if the partitions are still exactly those, under the store's lock. A pack
+that lost a race, or an ingest killed while building one, leaves a generation directory
+nobody names, removed by the next build. Readers check a pack against the partitions anyway,
+so nothing here can make a query read a stale copy.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from tracetool.packs import (
     CURRENT,
     PACK_MIN_RANKS,
     SOURCES,
+    built_from,
     current_pack,
     pack_dir,
     partition_ids,
@@ -33,16 +37,45 @@ from .derive import connect
 from .lock import owner_gone, owner_tag
 from .store import Store
 
+REBUILD_SHARE = 0.25  # of a job's ranks changed since its pack, for an ingest to rebuild it
 
-def refresh_pack(store: Store, job: str, memory_limit: str = "256MB", threads: int = 1
-                 ) -> bool:
-    """Build the job's pack unless it has one that is current or too few ranks; True when a
-    new pack was published."""
+
+def pack_status(store: Store, job: str) -> tuple[str, int, int]:
+    """(status, ranks changed since the pack was built, ranks): status 'small' (fewer than
+    PACK_MIN_RANKS ranks), 'current', 'none' (never packed) or 'stale'."""
+    root = store.root.resolve()
+    ids = partition_ids(root / "data" / f"job={job}")
+    if len(ids) < PACK_MIN_RANKS:
+        return "small", 0, len(ids)
+    if current_pack(root, job, ids) is not None:
+        return "current", 0, len(ids)
+    built = built_from(root, job)
+    if not built:
+        return "none", len(ids), len(ids)
+    changed = sum(1 for r, v in ids.items() if built.get(r) != v) + len(built.keys() - ids)
+    return "stale", changed, len(ids)
+
+
+def refresh_pack(store: Store, job: str, memory_limit: str = "256MB", threads: int = 1,
+                 force: bool = False) -> tuple[str, int, int]:
+    """Build the job's pack when it has none, or when at least REBUILD_SHARE of its ranks
+    changed since it was built (any change with ``force``). Returns ``pack_status``'s
+    triple, with status 'built' when a new pack was published and 'deferred' when a stale
+    one was left (too few ranks changed)."""
+    status, changed, n = pack_status(store, job)
+    if status in ("small", "current"):
+        return status, changed, n
+    if status == "stale" and not force and changed < REBUILD_SHARE * n:
+        return "deferred", changed, n
+    return ("built" if _build(store, job, memory_limit, threads) else "stale"), changed, n
+
+
+def _build(store: Store, job: str, memory_limit: str, threads: int) -> bool:
+    """Copy the job's partitions into a new generation and publish it if they are still the
+    same then; True when published."""
     root = store.root.resolve()
     job_dir = root / "data" / f"job={job}"
     ids = partition_ids(job_dir)
-    if len(ids) < PACK_MIN_RANKS or current_pack(root, job, ids) is not None:
-        return False
     d = pack_dir(root, job)
     gen = d / f"{owner_tag()}-{uuid.uuid4().hex}"  # another build can tell it from a dead one's
     gen.mkdir(parents=True)

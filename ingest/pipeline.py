@@ -129,8 +129,10 @@ def ingest(
     opts: Options,
     on_result: Callable[[FileResult], None] | None = None,
     progress_factory: Callable[[Path, int], Callable[[int], None]] | None = None,
+    on_note: Callable[[str], None] | None = None,
 ) -> list[FileResult]:
-    """Ingest files and directories as the ranks of one job; one result per file."""
+    """Ingest files and directories as the ranks of one job; one result per file.
+    ``on_note``: told what concerns the job rather than a file (a pack left stale)."""
     files, results = expand_inputs(paths)
     for r in results:
         if on_result:
@@ -194,7 +196,11 @@ def ingest(
         if stage is not None:
             stage.publish(results)
         elif isinstance(store, Store):  # a job of many ranks: its tables compacted
-            refresh_pack(store, job, opts.memory_limit, workers.workers)
+            status, changed, n = refresh_pack(store, job, opts.memory_limit, workers.workers)
+            if status == "deferred" and on_note:
+                on_note(f"job {job}: its pack predates {changed} of its {n} ranks, so its "
+                        "queries read the ranks' partitions (slower) until a quarter of them "
+                        f"changed; `tracetool pack {opts.store} --job {job}` rebuilds it now")
     except BaseException as err:
         # an interrupt: stop the workers now, not after their tasks
         workers.close(kill=not isinstance(err, Exception))

@@ -102,7 +102,7 @@ def test_a_build_that_died_leaves_nothing_read_and_is_cleaned_up(
         (g / "events.parquet").write_bytes(b"half")
     (d / ".current-0123").write_text("nothing\n")
     (d / "current").unlink()
-    assert build.refresh_pack(Store(store), "a2a")
+    assert build.refresh_pack(Store(store), "a2a")[0] == "built"
     assert not ours_dead.exists() and not (d / ".current-0123").exists()
     assert dead.exists()
     assert packs.current_pack(root, "a2a") is not None
@@ -119,3 +119,30 @@ def _dead_local_tag() -> str:
     """An owner tag of this host whose process cannot exist (beyond pid_max)."""
     host = owner_tag().split("-")[0]
     return f"{host}-{2**22 + 12345}-1"
+
+
+def test_a_few_changed_ranks_leave_the_pack_stale_and_say_so_until_tracetool_pack(
+        tmp_path: Path, few_ranks: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One rank of four replaced, with rebuilds only at half the ranks: the ingest leaves
+    the pack (stale, so unread) and says so; `tracetool pack` rebuilds it."""
+    from click.testing import CliRunner
+
+    from tracetool.cli import cli
+
+    monkeypatch.setattr(build, "REBUILD_SHARE", 0.5)
+    store = tmp_path / "store"
+    ingest([NETLAB / "a2a_1gbit"], Options(store, job="a2a"))
+    root = store.resolve()
+    first = packs.current_pack(root, "a2a")
+    other = sorted((NETLAB / "a2a_500mbit").glob("*.json.gz"))[1]
+    notes: list[str] = []
+    ingest([other], Options(store, job="a2a", rank=1, force=True), on_note=notes.append)
+    assert packs.current_pack(root, "a2a") is None and first.exists()
+    assert len(notes) == 1 and "predates 1 of its 4 ranks" in notes[0]
+    assert "tracetool pack" in notes[0]
+    assert len(store_files(store)["events"]) == 4  # the partitions, not the stale pack
+    res = CliRunner().invoke(cli, ["pack", str(store), "--job", "a2a"])
+    assert res.exit_code == 0 and res.output.strip() == "job a2a: packed (4 ranks)"
+    assert packs.current_pack(root, "a2a") is not None
+    res = CliRunner().invoke(cli, ["pack", str(store), "--job", "nope"])
+    assert res.exit_code == 1 and "no job 'nope'; the store holds: a2a" in res.output

@@ -16,6 +16,7 @@ from tracetool import __version__
 COMMANDS = {
     "ingest": "ingest:ingest_command",
     "commit": "commit:commit_command",
+    "pack": "pack:pack_command",
     "sql": "sql:sql_command",
     "report": "report:report_command",
     "diff": "diff:diff_command",

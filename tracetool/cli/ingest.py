@@ -101,7 +101,8 @@ def ingest_command(paths: tuple[Path, ...], store: Path | str, job: str | None, 
     bars = ProgressBars() if sys.stderr.isatty() and not as_json else None
     try:
         with interruptible():
-            ingest(list(paths), opts, on_result=report, progress_factory=bars)
+            ingest(list(paths), opts, on_result=report, progress_factory=bars,
+                   on_note=lambda note: click.echo(f"tracetool: warning: {note}", err=True))
     except UsageProblem as err:
         raise click.UsageError(str(err)) from None
     except StoreError as err:  # another format, locked, not writable
