@@ -9,6 +9,7 @@ if ! command -v chromium >/dev/null && [ "$(id -u)" = 0 ] && command -v apt-get 
     >/dev/null 2>&1 || echo "note: could not install chromium; the browser test will be skipped"
 fi
 .venv/bin/ruff check .
-# two workers, a test file each at a time (its module fixtures stay in one process): 6-10 min
-# here (idle / loaded) against 13.5 one after the other; the 30 slowest tests say what to trim when CI grows
+# two workers, a test file each at a time (its module fixtures stay in one process): 6-16 min
+# here (5:43 on 2026-11-30; 15:34 on 2026-12-01, a day benchmarks/machine.py ran 1.5-1.9x
+# slower), about half of one after the other; the 30 slowest tests say what to trim
 .venv/bin/python -m pytest -q -n 2 --dist loadfile --durations=30 "$@"

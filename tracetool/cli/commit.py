@@ -8,6 +8,7 @@ from pathlib import Path
 
 import click
 
+from tracetool.cli._errors import fail_line
 from tracetool.cli._store import store_arg
 from tracetool.errors import StoreError
 from tracetool.ingest.shard import CommitProblem, commit_job
@@ -30,20 +31,20 @@ def commit_command(store: Path | str, job: str, force: bool, as_json: bool) -> N
     --force). Exit code 0 when every staged rank was published (or skipped: already in the
     store), 1 otherwise (one line on stderr)."""
     if is_object_store(store):
-        _fail(f"{store}: nothing to commit: an object store takes no --shard (each ingest's "
+        fail_line(f"{store}: nothing to commit: an object store takes no --shard (each ingest's "
               "rank commits are atomic and concurrent ones merge)")
     s = Store(store)
     if not (s.root / "staging").is_dir():
-        _fail(f"{store}: nothing staged (no staging/ directory): run `tracetool ingest ... "
+        fail_line(f"{store}: nothing staged (no staging/ directory): run `tracetool ingest ... "
               f"--store {store} --job {job} --shard I/N` first")
     try:
         with interruptible():
             s.check_format()
             results = commit_job(s, job, force)
     except (CommitProblem, StoreError) as err:
-        _fail(f"{store}: {err}")
+        fail_line(f"{store}: {err}")
     except Interrupted as err:
-        _fail(f"interrupted by {err}; the ranks published so far are in the store, the "
+        fail_line(f"interrupted by {err}; the ranks published so far are in the store, the "
               "others are still staged", err.exit_code)
     failed = False
     for r in results:
@@ -57,7 +58,3 @@ def commit_command(store: Path | str, job: str, force: bool, as_json: bool) -> N
                        + (f": {r.message}" if r.message else ""))
     sys.exit(1 if failed else 0)
 
-
-def _fail(message: str, code: int = 1) -> None:
-    click.echo(f"tracetool: error: {message}", err=True)
-    sys.exit(code)

@@ -18,6 +18,7 @@ from tracetool.analysis.diff import (
     render_text,
 )
 from tracetool.analysis.report import first_line, open_job
+from tracetool.cli._errors import fail_line
 from tracetool.cli._store import store_arg
 from tracetool.errors import StoreError
 
@@ -66,9 +67,9 @@ def diff_command(store_a: Path | str, store_b: Path | str, job_a: str | None, jo
             result["a"]["store"], result["b"]["store"] = str(store_a), str(store_b)
             checks = check(result, thresholds)
         except (StoreError, MetricUnavailable) as err:
-            _fail(str(err))
+            fail_line(str(err))
         except duckdb.Error as err:
-            _fail(first_line(err))
+            fail_line(first_line(err))
     result["checks"] = checks
     click.echo(json.dumps(result) if as_json else render_text(result, checks), nl=as_json)
     crossed = [c for c in checks if c["crossed"]]
@@ -76,8 +77,4 @@ def diff_command(store_a: Path | str, store_b: Path | str, job_a: str | None, jo
         click.echo(f"tracetool: fail-if crossed: {c['expr']}: {c['message']}", err=True)
     sys.exit(1 if crossed else 0)
 
-
-def _fail(message: str) -> None:
-    click.echo(f"tracetool: error: {message}", err=True)
-    sys.exit(1)
 

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import click
 
+from tracetool.cli._errors import fail_line
 from tracetool.cli._store import store_arg
 from tracetool.errors import StoreError
 from tracetool.ingest.packs import refresh_pack
@@ -30,12 +30,12 @@ def pack_command(store: Path | str, jobs: tuple[str, ...], as_json: bool) -> Non
     ingested a rank at a time. Exit code 0; 1 on a store that is not a local directory store
     or a job it does not hold (one line on stderr)."""
     if is_object_store(store):
-        _fail(f"{store}: object stores are not packed")
+        fail_line(f"{store}: object stores are not packed")
     s = Store(store)
     have = sorted(p.name[4:] for p in s.data.glob("job=*")) if s.data.is_dir() else []
     missing = [j for j in jobs if j not in have]
     if missing:
-        _fail(f"{store}: no job {missing[0]!r}; the store holds: {', '.join(have) or 'none'}")
+        fail_line(f"{store}: no job {missing[0]!r}; the store holds: {', '.join(have) or 'none'}")
     try:
         with interruptible():
             s.check_format()
@@ -46,9 +46,9 @@ def pack_command(store: Path | str, jobs: tuple[str, ...], as_json: bool) -> Non
                 else:
                     click.echo(f"job {job}: {_say(status, n)}")
     except StoreError as err:
-        _fail(f"{store}: {err}")
+        fail_line(f"{store}: {err}")
     except Interrupted as err:
-        _fail(f"interrupted by {err}; the packs built so far are in place", err.exit_code)
+        fail_line(f"interrupted by {err}; the packs built so far are in place", err.exit_code)
 
 
 def _say(status: str, n: int) -> str:
@@ -56,7 +56,3 @@ def _say(status: str, n: int) -> str:
             "small": f"{n} ranks: not packed (fewer than {PACK_MIN_RANKS})",
             "stale": "not packed: its ranks changed while it was built; run again"}[status]
 
-
-def _fail(message: str, code: int = 1) -> None:
-    click.echo(f"tracetool: error: {message}", err=True)
-    sys.exit(code)

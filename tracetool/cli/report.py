@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import click
@@ -12,6 +11,7 @@ from tracetool.analysis.charts import ChartError
 from tracetool.analysis.per_rank import RankTaskError, gather_on_ray
 from tracetool.analysis.report import first_line, make_report, open_job, to_json
 from tracetool.analysis.windows import use_windows
+from tracetool.cli._errors import fail_line
 from tracetool.cli._job import window_options, windows_of
 from tracetool.cli._store import store_arg
 from tracetool.errors import InputError, StoreError
@@ -48,9 +48,9 @@ def report_command(store: Path | str, out: Path, job: str | None, as_json: bool,
         windows = windows_of(annotation, instance, window)
         con, job = open_job(store, job)
     except StoreError as err:
-        _fail(str(err))
+        fail_line(str(err))
     except InputError as err:
-        _fail(str(err), code=2)
+        fail_line(str(err), code=2)
     # Closed here rather than left to garbage collection: a DuckDB connection that lingers
     # in a reference cycle crashes forked processes (ingest's workers) that collect it.
     with con:
@@ -61,18 +61,14 @@ def report_command(store: Path | str, out: Path, job: str | None, as_json: bool,
                                  include_incomplete=include_incomplete, windows=windows.label)
             report.summary["per_rank_tasks"] = tasks  # Ray tasks of the per-rank analyses
         except InputError as err:
-            _fail(str(err), code=2)
+            fail_line(str(err), code=2)
         except (duckdb.Error, OSError) as err:
-            _fail(f"{store}: {first_line(err)}")
+            fail_line(f"{store}: {first_line(err)}")
         except RankTaskError as err:
-            _fail(f"{store}: {err}")
+            fail_line(f"{store}: {err}")
         except ChartError as err:
-            _fail(f"{out}: a chart could not be drawn: {first_line(err)}")
+            fail_line(f"{out}: a chart could not be drawn: {first_line(err)}")
     click.echo(to_json(report.summary) if as_json else report.text(), nl=as_json)
     for warning in report.summary.get("warnings", []):  # also in the report and its JSON
         click.echo(f"tracetool: warning: {warning}", err=True)
 
-
-def _fail(message: str, code: int = 1) -> None:
-    click.echo(f"tracetool: error: {message}", err=True)
-    sys.exit(code)
