@@ -24,10 +24,9 @@ from tracetool.packs import (
     CURRENT,
     PACK_MIN_RANKS,
     SOURCES,
-    built_from,
-    current_pack,
     pack_dir,
     partition_ids,
+    published,
 )
 from tracetool.schema import TABLES
 from tracetool.sqltext import literal, path_list
@@ -40,20 +39,21 @@ from .store import Store
 REBUILD_SHARE = 0.25  # of a job's ranks changed since its pack, for an ingest to rebuild it
 
 
-def pack_status(store: Store, job: str) -> tuple[str, int, int]:
+def pack_status(store: Store, job: str, ids: dict[int, list[int]] | None = None
+                ) -> tuple[str, int, int]:
     """(status, ranks changed since the pack was built, ranks): status 'small' (fewer than
-    PACK_MIN_RANKS ranks), 'current', 'none' (never packed) or 'stale'."""
+    PACK_MIN_RANKS ranks), 'current', 'none' (never packed) or 'stale'. ``ids``: the job's
+    ``partition_ids``, if already taken."""
     root = store.root.resolve()
-    ids = partition_ids(root / "data" / f"job={job}")
+    ids = partition_ids(root / "data" / f"job={job}") if ids is None else ids
     if len(ids) < PACK_MIN_RANKS:
         return "small", 0, len(ids)
-    if current_pack(root, job, ids) is not None:
-        return "current", 0, len(ids)
-    built = built_from(root, job)
-    if not built:
+    cur = published(root, job)
+    if cur is None or not cur[1]:
         return "none", len(ids), len(ids)
+    built = cur[1]
     changed = sum(1 for r, v in ids.items() if built.get(r) != v) + len(built.keys() - ids)
-    return "stale", changed, len(ids)
+    return ("current" if changed == 0 else "stale"), changed, len(ids)
 
 
 def refresh_pack(store: Store, job: str, memory_limit: str = "256MB", threads: int = 1,
@@ -62,20 +62,23 @@ def refresh_pack(store: Store, job: str, memory_limit: str = "256MB", threads: i
     changed since it was built (any change with ``force``). Returns ``pack_status``'s
     triple, with status 'built' when a new pack was published and 'deferred' when a stale
     one was left (too few ranks changed)."""
-    status, changed, n = pack_status(store, job)
+    job_dir = store.root.resolve() / "data" / f"job={job}"
+    ids = partition_ids(job_dir)
+    status, changed, n = pack_status(store, job, ids)
     if status in ("small", "current"):
         return status, changed, n
     if status == "stale" and not force and changed < REBUILD_SHARE * n:
         return "deferred", changed, n
-    return ("built" if _build(store, job, memory_limit, threads) else "stale"), changed, n
+    built = _build(store, job, ids, memory_limit, threads)
+    return ("built" if built else "stale"), changed, n
 
 
-def _build(store: Store, job: str, memory_limit: str, threads: int) -> bool:
-    """Copy the job's partitions into a new generation and publish it if they are still the
-    same then; True when published."""
+def _build(store: Store, job: str, ids: dict[int, list[int]], memory_limit: str,
+           threads: int) -> bool:
+    """Copy the job's partitions ``ids`` into a new generation and publish it if they are
+    still the same then; True when published."""
     root = store.root.resolve()
     job_dir = root / "data" / f"job={job}"
-    ids = partition_ids(job_dir)
     d = pack_dir(root, job)
     gen = d / f"{owner_tag()}-{uuid.uuid4().hex}"  # another build can tell it from a dead one's
     gen.mkdir(parents=True)

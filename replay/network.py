@@ -101,23 +101,22 @@ class Network:
             return "dc"
         return "intra" if a // self.gpus_per_node == b // self.gpus_per_node else "inter"
 
-    def link(self, level: str, proto: str, p2p: bool = False) -> tuple[float, float]:
+    def link(self, level: str, proto: str, p2p: bool = False, window: bool = True
+             ) -> tuple[float, float]:
         """(per-step latency s, data rate bytes/s) of a link level for a protocol: LL moves
         data at half the bandwidth, and on a network link NCCL's window per round trip caps
-        it (``p2p``: send/recv and all-to-all connections, whose Simple slots are smaller)."""
+        it (``p2p``: send/recv and all-to-all connections, whose Simple slots are smaller;
+        ``window=False``: the link's own rate, uncapped)."""
         if level == "intra":
-            lat, bw, one_way = (STEP_US["nvlink"][proto] * 1e-6 + self.intra_node_latency,
-                                self.intra_node_bw, self.intra_node_latency)
-        else:
-            one_way = self.inter_node_latency + (self.dc_latency if level == "dc" else 0.0)
-            lat = STEP_US["net"][proto] * 1e-6 + one_way
-            bw = (self.dc_bw if level == "dc" and self.dc_bw is not None
-                  else self.inter_node_bw)
+            lat, bw = STEP_US["nvlink"][proto] * 1e-6 + self.intra_node_latency, self.intra_node_bw
+            return lat, bw * (LL_BANDWIDTH if proto == "ll" else 1.0)
+        one_way = self.inter_node_latency + (self.dc_latency if level == "dc" else 0.0)
+        bw = self.dc_bw if level == "dc" and self.dc_bw is not None else self.inter_node_bw
         bw *= LL_BANDWIDTH if proto == "ll" else 1.0
-        if level != "intra" and one_way > 0:
-            window = P2P_WINDOW if p2p and proto == "simple" else WINDOW[proto]
-            bw = min(bw, NET_CHANNELS * window / (2 * one_way))
-        return lat, bw
+        if window and one_way > 0:
+            in_flight = P2P_WINDOW if p2p and proto == "simple" else WINDOW[proto]
+            bw = min(bw, NET_CHANNELS * in_flight / (2 * one_way))
+        return STEP_US["net"][proto] * 1e-6 + one_way, bw
 
 
 _SPEC_KEYS = {f.name for f in fields(Network)}
@@ -262,16 +261,10 @@ def _all_to_all(net: Network, nbytes: float, ranks: list[int], proto: str) -> fl
         if peers:
             lat, bw = net.link(level, proto, p2p=True)  # each peer's connection its window
             if level != "intra":
-                bw = min(bw * peers, _link_bandwidth(net, level, proto))
+                bw = min(bw * peers, net.link(level, proto, window=False)[1])
             total = max(total, math.ceil(peers / P2P_PER_BATCH) * lat
                         + (peers * per_pair / bw if bw != math.inf else 0))
     return total
-
-
-def _link_bandwidth(net: Network, level: str, proto: str) -> float:
-    """The data rate of a network link level with no window cap (the NIC's share)."""
-    bw = net.dc_bw if level == "dc" and net.dc_bw is not None else net.inter_node_bw
-    return bw * (LL_BANDWIDTH if proto == "ll" else 1.0)
 
 
 BACKENDS = ("nccl", "gloo")

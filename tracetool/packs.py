@@ -48,8 +48,9 @@ def pack_dir(root: Path, job: str) -> Path:
     return root / PACKS / f"job={job}"
 
 
-def _current(root: Path, job: str) -> tuple[Path, dict[int, list[int]]] | None:
-    """The job's published pack generation and the partitions it was built from."""
+def published(root: Path, job: str) -> tuple[Path, dict[int, list[int]]] | None:
+    """The job's published pack generation and the partitions (rank -> identity) it was
+    built from; None when it has none."""
     d = pack_dir(root, job)
     try:
         gen = d / (d / CURRENT).read_text().strip()
@@ -59,18 +60,11 @@ def _current(root: Path, job: str) -> tuple[Path, dict[int, list[int]]] | None:
         return None
 
 
-def built_from(root: Path, job: str) -> dict[int, list[int]]:
-    """The partitions (rank -> identity) the job's published pack was built from; {} when it
-    has none."""
-    cur = _current(root, job)
-    return cur[1] if cur else {}
-
-
 def current_pack(root: Path, job: str, ids: dict[int, list[int]] | None = None
                  ) -> Path | None:
     """The generation directory of the job's pack when it was built from exactly the job's
     partitions as they are now (``ids``: ``partition_ids``, if already taken), else None."""
-    cur = _current(root, job)
+    cur = published(root, job)
     if cur is None:
         return None
     ids = partition_ids(root / "data" / f"job={job}") if ids is None else ids
