@@ -21,12 +21,12 @@ one barrier slot per collective after all ranks. Edges, with their weights in ns
 
 The measured times ``t0`` are the schedule of those weights from each rank's first op (so
 identity replay reproduces them exactly, as on a real graph). Per config, with the median of
---runs runs: ``topological_order`` (the build step a sweep pays once) and ``schedule`` (one
-simulation). The numba JIT is warmed up on a tiny graph first; the first call and a compile
-from scratch (no disk cache) are printed apart. The baseline, in the same run, is a plain
-Python loop over the same order (on the 8-rank 1M-node graph, or the smallest one), checked to
-give the same times; the sweep runs 100 network settings (transfer times x 0.5..2) on that
-one built graph.
+--runs runs: ``topological_order`` and ``edges_in_order`` (the build step a sweep pays once)
+and ``schedule`` (one simulation). The numba JIT is warmed up on a tiny graph first; the
+first call and a compile from scratch (no disk cache) are printed apart. The baseline, in
+the same run, is a plain Python loop over the same order (on the 8-rank 1M-node graph, or the
+smallest one), checked to give the same times; the sweep runs 100 network settings (transfer
+times x 0.5..2) on that one built graph.
 
     python benchmarks/replay.py [--sizes 1M,10M] [--ranks 8,1024] [--runs 5] [--json]
     python benchmarks/replay.py --quick   # 100k nodes, 8 ranks: a few seconds
@@ -45,7 +45,7 @@ import numba
 import numpy as np
 
 from tracetool.replay import simulate
-from tracetool.replay.simulate import schedule, topological_order
+from tracetool.replay.simulate import edges_in_order, schedule, topological_order
 
 COLL_EVERY = 50  # every 50th kernel of a rank is a collective (on the comm stream)
 SYNC_EVERY = 100  # every 100th op the CPU waits for its kernel
@@ -60,12 +60,15 @@ class Graph:
     ranks: int
     ops_per_rank: int
     n_coll: int
-    indptr: np.ndarray  # int64, n_nodes + 1
-    src: np.ndarray  # int64 per edge
-    w: np.ndarray  # float64 per edge: the identity weights
+    indptr: np.ndarray  # int64, n_nodes + 1: CSR by destination (topological_order's input)
+    src_by_dst: np.ndarray  # int64 per edge, in that CSR's order
+    order: np.ndarray  # int64: the topological order
+    ptr: np.ndarray  # int64, n_nodes + 1: the edges in order (edges_in_order), as a replay
+    src: np.ndarray  # int64 per edge, in order
+    w: np.ndarray  # float64 per edge, in order: the identity weights
     t0: np.ndarray  # float64 per node: "measured" times (the schedule of w)
-    comm_own: np.ndarray  # edge indices: comm kernels' duration edges
-    transfer: np.ndarray  # edge indices: barrier -> comm end
+    comm_own: np.ndarray  # edge indices (in order): comm kernels' duration edges
+    transfer: np.ndarray  # edge indices (in order): barrier -> comm end
     xfer_ns: np.ndarray  # float64 per edge in comm_own and transfer: the transfer time
 
     @property
@@ -78,7 +81,7 @@ class Graph:
 
     @property
     def nbytes(self) -> int:
-        return sum(a.nbytes for a in (self.indptr, self.src, self.w, self.t0))
+        return sum(a.nbytes for a in (self.order, self.ptr, self.src, self.w, self.t0))
 
 
 def parse_count(s: str) -> int:
@@ -182,11 +185,15 @@ def make_graph(n_nodes: int, ranks: int, seed: int = 0) -> Graph:
     t0[start(a_slot[:, 0])] = ns(rng.uniform(0, 50_000, ranks))
     order, breaks = topological_order(indptr, src, t0)
     assert breaks == 0, "synthetic graph has a cycle"
-    t0 = schedule(order, indptr, src, w, t0)
+    in_order, ptr = edges_in_order(order, indptr)
+    src_by_dst = src
+    src, w, is_own, is_xfer = src[in_order], w[in_order], is_own[in_order], is_xfer[in_order]
+    t0 = schedule(order, ptr, src, w, t0)
     t0[end(b_slot)] = t0[start(b_slot)]
     comm_own, transfer = np.flatnonzero(is_own), np.flatnonzero(is_xfer)
-    return Graph(ranks=ranks, ops_per_rank=k, n_coll=n_coll, indptr=indptr, src=src, w=w,
-                 t0=t0, comm_own=comm_own, transfer=transfer,
+    return Graph(ranks=ranks, ops_per_rank=k, n_coll=n_coll, indptr=indptr,
+                 src_by_dst=src_by_dst, order=order, ptr=ptr, src=src, w=w, t0=t0,
+                 comm_own=comm_own, transfer=transfer,
                  xfer_ns=w[np.concatenate([comm_own, transfer])])
 
 
@@ -213,7 +220,8 @@ def warm_up() -> dict:
 
     def run() -> np.ndarray:
         order, _ = topological_order(indptr, src, t0)
-        return schedule(order, indptr, src, w, t0)
+        _, ptr = edges_in_order(order, indptr)  # a chain: the edges are already in order
+        return schedule(order, ptr, src, w, t0)
 
     t = time.perf_counter()
     assert run().tolist() == [0.0, 1.0, 3.0]
@@ -227,22 +235,23 @@ def warm_up() -> dict:
         t = time.perf_counter()
         order, _ = topological_order(indptr, src, t0)
         out["compile_kahn_s"] = time.perf_counter() - t
+        _, ptr = edges_in_order(order, indptr)
         t = time.perf_counter()
-        schedule(order, indptr, src, w, t0)
+        schedule(order, ptr, src, w, t0)
         out["compile_schedule_s"] = time.perf_counter() - t
     finally:
         simulate._kahn, simulate._schedule = kahn, sched
     return out
 
 
-def python_schedule(order: np.ndarray, indptr: np.ndarray, src: np.ndarray, w: np.ndarray,
+def python_schedule(order: np.ndarray, ptr: np.ndarray, src: np.ndarray, w: np.ndarray,
                     t0: np.ndarray, limit: int | None = None) -> np.ndarray:
     """The reference: the same pass as ``simulate._schedule`` as a plain Python loop (over
     the first ``limit`` nodes of the order; those times are final)."""
-    ptr, s, ww, t = indptr.tolist(), src.tolist(), w.tolist(), t0.tolist()
-    for v in order[:limit].tolist():
-        a = ptr[v]
-        b = ptr[v + 1]
+    p, s, ww, t = ptr.tolist(), src.tolist(), w.tolist(), t0.tolist()
+    for i, v in enumerate(order[:limit].tolist()):
+        a = p[i]
+        b = p[i + 1]
         if a == b:
             continue
         best = t[s[a]] + ww[a]
@@ -262,15 +271,15 @@ def baseline(g: Graph, order: np.ndarray, t_compiled: np.ndarray, sched_s: float
     limit = None
     if n > PREFIX_NODES:
         t = time.perf_counter()
-        python_schedule(order, g.indptr, g.src, g.w, g.t0, PREFIX_NODES)
+        python_schedule(order, g.ptr, g.src, g.w, g.t0, PREFIX_NODES)
         if (time.perf_counter() - t) * n / PREFIX_NODES > BASELINE_LIMIT_S:
             limit = PREFIX_NODES
-    sec, t_py = timed(lambda: python_schedule(order, g.indptr, g.src, g.w, g.t0, limit),
+    sec, t_py = timed(lambda: python_schedule(order, g.ptr, g.src, g.w, g.t0, limit),
                       max(1, min(runs, 3)))
     nodes = order[:limit]
     assert np.array_equal(t_py[nodes], t_compiled[nodes]), "Python and compiled times differ"
     n_done = len(nodes)
-    e_done = int((g.indptr[nodes + 1] - g.indptr[nodes]).sum())
+    e_done = int(g.ptr[len(nodes)])
     # compiled time on the same part: the whole schedule scaled by nodes (prefix case only)
     compiled_s = sched_s * n_done / n
     return {"nodes": n_done, "edges": e_done, "prefix": limit is not None, "seconds": sec,
@@ -292,7 +301,7 @@ def sweep(g: Graph, order: np.ndarray, topo_s: float, sched_s: float) -> dict:
         w = g.w.copy()
         w[sel] = g.xfer_ns * f
         t = time.perf_counter()
-        times = schedule(order, g.indptr, g.src, w, g.t0)
+        times = schedule(order, g.ptr, g.src, w, g.t0)
         sched_only += time.perf_counter() - t
         makespan[i] = times.max()
     total = time.perf_counter() - t_all
@@ -309,9 +318,15 @@ def bench_config(n_target: int, ranks: int, runs: int) -> tuple[dict, Graph, np.
     t = time.perf_counter()
     g = make_graph(n_target, ranks)
     gen_s = time.perf_counter() - t
-    topo_s, (order, breaks) = timed(lambda: topological_order(g.indptr, g.src, g.t0), runs)
+    def build() -> tuple[np.ndarray, int]:  # what a replay builds once: the order, the edges in it
+        order, breaks = topological_order(g.indptr, g.src_by_dst, g.t0)
+        edges_in_order(order, g.indptr)
+        return order, breaks
+
+    topo_s, (_, breaks) = timed(build, runs)
     assert breaks == 0
-    sched_s, times = timed(lambda: schedule(order, g.indptr, g.src, g.w, g.t0), runs)
+    order = g.order  # the order the graph's edges were put in (from the first op's times)
+    sched_s, times = timed(lambda: schedule(order, g.ptr, g.src, g.w, g.t0), runs)
     assert np.array_equal(times, g.t0), "identity replay must give the measured times"
     res = {"target": label(n_target), "ranks": ranks, "ops_per_rank": g.ops_per_rank,
            "collectives": g.n_coll, "nodes": g.n_nodes, "edges": g.n_edges, "gen_s": gen_s,

@@ -23,8 +23,10 @@ the binding edge gives exactly the measured time and no other edge exceeds it, s
 replay reproduces the trace exactly (``tests/test_replay.py`` checks every step of every
 multi-rank set).
 
-Arrays are in topological order (``order``), with in-edges as CSR (``indptr``, ``src``), so
-``tracetool.replay.simulate`` schedules them in one compiled pass. Every column is read from
+Nodes have a topological order (``order``); the edges are grouped by destination in that
+order, as a CSR over positions (``ptr``: node ``order[i]``'s in-edges are ``ptr[i]:ptr[i +
+1]``, ``src`` and ``dst`` per edge), so ``tracetool.replay.simulate`` schedules them in one
+compiled pass that reads the edges front to back. Every column is read from
 the store as Arrow and stays a numpy array: no Python object per node or edge.
 
 **Bounds** (``Bounds``: ``--steps A:B``, ``--ranks``) limit what is read, in the SQL: the
@@ -209,8 +211,9 @@ class ReplayGraph:
     origin_ns: int  # times below are ns after this
     t0: np.ndarray  # float64 per node: measured time
     order: np.ndarray  # int64: nodes in topological order
-    indptr: np.ndarray  # int64, n_nodes + 1: in-edges of node n are indptr[n]:indptr[n + 1]
+    ptr: np.ndarray  # int64, n_nodes + 1: in-edges of node order[i] are ptr[i]:ptr[i + 1]
     src: np.ndarray  # int64 per edge: source node
+    dst: np.ndarray  # int64 per edge: destination node
     lag: np.ndarray  # float64 per edge: measured lag (dst time - src time)
     base_w: np.ndarray  # float64 per edge: the identity weight (lag, or relaxed)
     kind: np.ndarray  # int8 per edge: index into KIND_NAMES
@@ -502,17 +505,21 @@ def _build(con: duckdb.DuckDBPyConnection, owner: duckdb.DuckDBPyConnection, job
     parts.append((2 * barrier_slot[inst_idx], 2 * x_slot + 1, _COLLECTIVE, TRANSFER, -1,
                   inst_idx))
     src, dst, kind, role, op, inst = _concat(parts)
-    from .simulate import csr_by_destination, topological_order
+    from .simulate import csr_by_destination, edges_in_order, topological_order
 
+    # -- the order, then every edge column once, grouped by destination in that order
     by_dst, indptr = csr_by_destination(dst, kind, src, 2 * n_slots)
+    order, breaks = topological_order(indptr, src[by_dst], t0)
+    in_order, ptr = edges_in_order(order, indptr)
+    by_dst = by_dst[in_order]
     src, dst, kind, role, op, inst = (a[by_dst] for a in (src, dst, kind, role, op, inst))
     lag = t0[dst] - t0[src]
-    del by_dst, e
+    del by_dst, in_order, indptr, e
 
     # -- identity weights: binding edges keep their lag, the others shrink (module docstring)
     slot_rank = np.full(n_slots, -1, dtype=np.int64)
     slot_rank[slot] = nodes["rank"]
-    base_w = _identity_weights(indptr, dst, lag, kind, role, slot_rank, slot_of.ranks)
+    base_w = _identity_weights(ptr, dst, lag, kind, role, slot_rank, slot_of.ranks)
     # a collective whose last arrival is not replayed: the barrier waits, after the last
     # replayed arrival, the measured rest (the edge from that arrival carries it as a delay)
     arrival = np.flatnonzero(role == ARRIVAL)
@@ -525,7 +532,6 @@ def _build(con: duckdb.DuckDBPyConnection, owner: duckdb.DuckDBPyConnection, job
         one[inst[hit[::-1]]] = hit[::-1]  # the first such edge of each instance
         carry = one[one >= 0]
         base_w[carry] = lag[carry]
-    order, breaks = topological_order(indptr, src, t0)
 
     # -- per-slot attributes
     def per_slot(values: np.ndarray, fill: int, dtype: type) -> np.ndarray:
@@ -567,7 +573,7 @@ def _build(con: duckdb.DuckDBPyConnection, owner: duckdb.DuckDBPyConnection, job
         dtype=np.int64)
     replayed = np.unique(nodes["rank"][~nodes["frontier"]]).astype(np.int64)
     return ReplayGraph(
-        job=job, origin_ns=origin, t0=t0, order=order, indptr=indptr, src=src, lag=lag,
+        job=job, origin_ns=origin, t0=t0, order=order, ptr=ptr, src=src, dst=dst, lag=lag,
         base_w=base_w, kind=kind, role=role, op=op, inst=inst, cycle_breaks=int(breaks),
         rank=rank_col, eid=per_slot(nodes["eid"], -1, np.int64),
         track=per_slot(nodes["track_id"], -1, np.int32), cls=cls,
@@ -631,15 +637,16 @@ def _concat(parts: list[tuple]) -> tuple[np.ndarray, ...]:
     return tuple(out)
 
 
-def _identity_weights(indptr: np.ndarray, dst: np.ndarray, lag: np.ndarray, kind: np.ndarray,
+def _identity_weights(ptr: np.ndarray, dst: np.ndarray, lag: np.ndarray, kind: np.ndarray,
                       role: np.ndarray, slot_rank: np.ndarray, ranks: np.ndarray
                       ) -> np.ndarray:
-    """Per edge (in CSR order): its lag when it is its point's binding edge (the smallest
-    lag into it) or not FIXED, else the median binding lag of its kind on its rank (0 for
-    CPU program order); arrival edges 0 (a barrier waits for the last arrival)."""
+    """Per edge (grouped by destination, ``ptr``): its lag when it is its point's binding
+    edge (the smallest lag into it) or not FIXED, else the median binding lag of its kind on
+    its rank (0 for CPU program order); arrival edges 0 (a barrier waits for the last
+    arrival)."""
     from .simulate import smallest_in_edges
 
-    binding = smallest_in_edges(indptr, lag)
+    binding = smallest_in_edges(ptr, lag)
     base_w = lag.copy()
     fixed = role == FIXED
     relax = fixed & ~binding

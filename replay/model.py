@@ -448,7 +448,7 @@ def collective_factors(graph: ReplayGraph, scenario: Scenario
 def _comm_spans(graph: ReplayGraph) -> tuple[np.ndarray, ...]:
     """(rank, instance, start, end) of every rank's part in every collective instance."""
     own = np.flatnonzero(graph.role == COMM_DURATION)
-    end = np.searchsorted(graph.indptr, own, side="right") - 1  # the edge's target node
+    end = graph.dst[own]
     return graph.rank[end >> 1], graph.inst[own], graph.t0[graph.src[own]], graph.t0[end]
 
 

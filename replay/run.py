@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import duckdb
 import numpy as np
@@ -64,13 +65,20 @@ class ReplayResult:
     job: str
     scenario: str
     steps: list[StepResult]
-    times_ns: np.ndarray  # projected time of every node, ns since the epoch
+    times: np.ndarray  # float64: projected time of every node, ns after origin_ns
+    origin_ns: int
     notes: list[str] = field(default_factory=list)
     # the projected critical path as arrays, one entry per segment in time order: step, seq,
     # rank (-1 for filler), eid (-1 for idle), kind (index into SEGMENT_KINDS), start_ns,
     # end_ns; ``path`` gives them as dicts
     path_arrays: dict[str, np.ndarray] = field(default_factory=dict)
     bounds: dict = field(default_factory=dict)  # what was replayed (Replayer.selection)
+
+    @cached_property
+    def times_ns(self) -> np.ndarray:
+        """Projected time of every node, integer ns since the epoch. Made on first use (a
+        sweep over a 10M-node graph does not need it, and it cost 0.2 s per setting)."""
+        return np.round(self.times).astype(np.int64) + self.origin_ns
 
     @property
     def path(self) -> list[dict]:
@@ -132,7 +140,7 @@ class Replayer:
         scenario = scenario or Scenario()
         g = self.graph
         wts = weights(g, scenario)
-        t = schedule(g.order, g.indptr, g.src, wts.w, g.t0)
+        t = schedule(g.order, g.ptr, g.src, wts.w, g.t0)
         m, p = self.measured, step_windows(g, t)
         ws = []  # the other schedules the band spans: on a thread, while the breakdown runs
         if not np.array_equal(wts.w, wts.w_alt):
@@ -140,7 +148,7 @@ class Replayer:
         err, used = edge_errors(g, scenario, wts.w)
         if used:
             ws += list(bounds(wts.w, err))
-        band = self._pool.submit(schedule_many, g.order, g.indptr, g.src, ws, g.t0) if ws else None
+        band = self._pool.submit(schedule_many, g.order, g.ptr, g.src, ws, g.t0) if ws else None
         path, segments = (self._path(t, wts.w, p.job_start, p.job_end) if critical_path
                           else (None, {}))
         if breakdown:
@@ -174,8 +182,8 @@ class Replayer:
                 start_ns=int(round(p.job_start[i])) + g.origin_ns,
                 end_ns=int(round(p.job_end[i])) + g.origin_ns,
                 complete=bool(g.step_complete[i])))
-        times = np.round(t).astype(np.int64) + g.origin_ns
-        return ReplayResult(job=g.job, scenario=scenario.label, steps=steps, times_ns=times,
+        return ReplayResult(job=g.job, scenario=scenario.label, steps=steps, times=t,
+                            origin_ns=g.origin_ns,
                             notes=g.notes + wts.notes + describe(used), path_arrays=segments,
                             bounds=self.selection())
 
@@ -209,8 +217,7 @@ class Replayer:
         even where the thread resumed inside a CPU op (an autograd function around a DDP
         bucket's wait), and not that op's compute. None in an identity replay."""
         g = self.graph
-        n = len(g.indptr) - 1
-        dst = np.repeat(np.arange(n), np.diff(g.indptr))
+        n, dst = g.n_nodes, g.dst
         wake = g.kind == KIND_NAMES.index("transfer_wake")
         nodes = np.unique(dst[wake])
         other = ~wake & np.isin(dst, nodes)
@@ -277,7 +284,7 @@ class Replayer:
         from .simulate import binding_edges
 
         g = self.graph
-        edge = binding_edges(g.indptr, g.src, w, g.kind, t)
+        edge = binding_edges(g.order, g.ptr, g.src, w, g.kind, t)
         has = edge >= 0
         ti = np.round(t).astype(np.int64)
         ev = np.arange(g.n_event_slots)
