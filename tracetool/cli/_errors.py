@@ -3,12 +3,27 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 from typing import NoReturn
 
 import click
+
+from tracetool.errors import InputError, one_line
 
 
 def fail_line(message: str, code: int = 1) -> NoReturn:
     """Print ``message`` as one error line on stderr and exit with ``code``."""
     click.echo(f"tracetool: error: {message}", err=True)
     sys.exit(code)
+
+
+def fail_for(store: Path | str, err: Exception) -> NoReturn:
+    """The error line of a command over ``store`` that raised ``err``: click's own errors
+    as they are; an input that names or changes nothing (InputError) with exit 2, a usage
+    error as click's; anything else by its first line, naming the store once."""
+    if isinstance(err, click.ClickException):
+        fail_line(err.message)
+    if isinstance(err, InputError):
+        fail_line(one_line(err), code=2)
+    line = one_line(err)
+    fail_line(line if line.startswith(f"{store}:") else f"{store}: {line}")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import click
@@ -13,9 +12,9 @@ from tracetool.analysis.chrome_trace import write_path_trace
 from tracetool.analysis.collectives import warn_collectives
 from tracetool.analysis.critical_path import critical_path
 from tracetool.analysis.windows import use_windows
+from tracetool.cli._errors import fail_for
 from tracetool.cli._job import open_job, window_options, windows_of
 from tracetool.cli._store import store_arg
-from tracetool.errors import InputError
 
 
 @click.command("critical-path")
@@ -54,17 +53,8 @@ def critical_path_command(store: Path | str, job: str | None, step: int | None,
             segs = [dict(zip(cols, r, strict=True)) for r in rel.fetchall()]
             written = write_path_trace(con, job, segs, chrome)
         con.close()
-    except click.ClickException as err:
-        click.echo(f"tracetool: error: {err.message}", err=True)
-        sys.exit(1)
-    except InputError as err:
-        click.echo(f"tracetool: error: {err}", err=True)
-        sys.exit(2)
-    except (duckdb.Error, FileNotFoundError, OSError, ValueError) as err:
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        where = "" if first.startswith(f"{store}:") else f"{store}: "  # named once
-        click.echo(f"tracetool: error: {where}{first}", err=True)
-        sys.exit(1)
+    except (click.ClickException, duckdb.Error, OSError, ValueError) as err:
+        fail_for(store, err)
     if chrome:
         report["chrome_trace"] = {"path": str(chrome), "events": written}
     if as_json:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import sys
 import threading
 from collections.abc import Callable
 from dataclasses import replace
@@ -15,6 +14,7 @@ import duckdb
 
 from tracetool.analysis.collectives import warn_collectives
 from tracetool.analysis.windows import use_windows
+from tracetool.cli._errors import fail_for
 from tracetool.cli._job import open_job, window_options, windows_of
 from tracetool.cli._store import store_arg
 from tracetool.errors import InputError
@@ -154,21 +154,6 @@ def base_scenario(replayer: Replayer, source_gpu: str | None, source_net: str | 
         power_cap=parse_power_cap(power_cap) if power_cap is not None else None)
 
 
-def fail(store: Path | str, err: Exception) -> None:
-    """One line on stderr; exit 2 for an input that names or changes nothing (InputError: a
-    usage error, as click's), 1 for the rest."""
-    if isinstance(err, click.ClickException):
-        click.echo(f"tracetool: error: {err.message}", err=True)
-    elif isinstance(err, InputError):
-        click.echo(f"tracetool: error: {str(err).strip().splitlines()[0]}", err=True)
-        sys.exit(2)
-    else:
-        line = str(err).strip().splitlines()[0]
-        where = "" if line.startswith(f"{store}:") else f"{store}: "  # named once
-        click.echo(f"tracetool: error: {where}{line}", err=True)
-    sys.exit(1)
-
-
 @click.command("replay")
 @click.argument("store", type=store_arg(file_okay=False))
 @scenario_options
@@ -259,8 +244,7 @@ def replay_command(store: Path, job: str | None, source_gpu: str | None,
             plot_replay(result, plot)
         con.close()
     except (click.ClickException, duckdb.Error, OSError, ValueError) as err:
-        fail(store, err)
-        return
+        fail_for(store, err)
     report = result.to_dict()
     if chrome:
         report["chrome_trace"] = {"path": str(chrome), "events": written}

@@ -12,13 +12,13 @@ import duckdb
 
 from tracetool.analysis.collectives import warn_collectives
 from tracetool.analysis.windows import use_windows
+from tracetool.cli._errors import fail_for
 from tracetool.cli._job import open_job, windows_of
 from tracetool.cli._store import store_arg
 from tracetool.cli.replay import (
     GPU_HELP,
     base_scenario,
     bounds_options,
-    fail,
     parse_bounds,
     parse_whatifs,
     scenario_options,
@@ -95,8 +95,7 @@ def sweep_command(store: Path, job: str | None, source_gpu: str | None,
                           + (["dp_scale"] if dp_scales else []))
         plot_sweep(rows, axis, png)
     except (click.ClickException, duckdb.Error, OSError, ValueError) as err:
-        fail(store, err)
-        return
+        fail_for(store, err)
     if as_json:
         click.echo(json.dumps({"job": job, "bounds": read, "notes": notes, "rows": rows,
                                "csv": str(table), "png": str(png)}))
