@@ -204,7 +204,7 @@ def test_every_view_is_documented_and_queryable(store: Path) -> None:
         for view in re.findall(r"CREATE OR REPLACE VIEW (\w+)", sql):
             assert f"-- @view {view}:" in sql, f"{name}: {view} has no doc header"
             cols = [r[0] for r in con.execute(f"DESCRIBE {view}").fetchall()]
-            doc = sql[sql.index(f"-- @view {view}:"):sql.index(f"VIEW {view} AS")]
+            doc = sql[sql.index(f"-- @view {view}:"):sql.index(f"CREATE OR REPLACE VIEW {view} ")]
             # "All columns of T" documents T's columns (the schema module has them)
             inherited = set()
             for base in re.findall(r"All columns of (\w+)", doc):

@@ -10,14 +10,14 @@
 --   annotation (step = 0, 1, ... per rank in time order), or one time window on every rank
 --   (step 0, window_start_ns/window_end_ns its bounds), as steps that are not tiled
 --   (tiled = FALSE): each spans its own events.
-CREATE OR REPLACE VIEW step_marks AS
+CREATE OR REPLACE VIEW step_marks WITH (DEFER_BINDING) AS
 SELECT *, TRUE AS tiled, NULL::BIGINT AS window_start_ns, NULL::BIGINT AS window_end_ns
 FROM profiler_steps;
 
 -- @view step_gpu_ops: the GPU ops each step_marks row launched.
 -- job, rank, step, eid (gpu_ops.eid). By default gpu_ops.step, the ProfilerStep the op's
 --   launch lies in; for annotation windows, the instance its launch lies in.
-CREATE OR REPLACE VIEW step_gpu_ops AS
+CREATE OR REPLACE VIEW step_gpu_ops WITH (DEFER_BINDING) AS
 SELECT job, rank, step, eid FROM gpu_ops WHERE step IS NOT NULL;
 
 -- @view steps: each rank's ProfilerStep#N as a tile of its timeline (per rank), from
@@ -43,7 +43,7 @@ SELECT job, rank, step, eid FROM gpu_ops WHERE step IS NOT NULL;
 --   than half the GPU ops of the rank's other steps: the trace window stopped mid-step),
 --   'not_on_all_ranks' (some rank of the job has no such step). Means, medians, the report
 --   and the critical-path summary leave incomplete steps out.
-CREATE OR REPLACE VIEW steps AS
+CREATE OR REPLACE VIEW steps WITH (DEFER_BINDING) AS
 WITH sm AS MATERIALIZED (SELECT * FROM step_marks),  -- read once: a Parquet file per rank
 p AS (
     SELECT *,
@@ -113,7 +113,7 @@ CROSS JOIN LATERAL (SELECT CASE
 --   before 'cut' before 'not_on_all_ranks').
 -- Windows that are not tiled (steps.tiled FALSE) are not tiled here either: each spans the
 --   earliest rank's start to the latest rank's end.
-CREATE OR REPLACE VIEW job_steps AS
+CREATE OR REPLACE VIEW job_steps WITH (DEFER_BINDING) AS
 WITH s AS (
     SELECT job, step, count(*) AS n_ranks, min(start_ns) AS first_start_ns,
            max(start_ns) AS last_start_ns, max(end_ns) AS last_end_ns,

@@ -14,7 +14,7 @@
 -- launch_eid, launch_ts_ns: the runtime call that launched it. op_eid, op_name: the CPU op
 --   that issued it. grid_x, grid_y, grid_z, block_x, block_y, block_z, registers_per_thread,
 --   shared_memory: launch configuration (see gpu_ops).
-CREATE OR REPLACE VIEW kernels AS
+CREATE OR REPLACE VIEW kernels WITH (DEFER_BINDING) AS
 SELECT job, rank, eid, name,
        CASE
          WHEN is_comm THEN 'comm'
@@ -41,7 +41,7 @@ FROM (SELECT *,  -- the function name, without template or call arguments
 -- depth, parent_eid: nesting on the thread. self_ns: dur_ns minus the time of its direct
 --   children (any kind) on the same thread. external_id, seq_nr: PyTorch ids.
 -- step: ProfilerStep whose CPU annotation contains ts_ns (same rank), NULL outside steps.
-CREATE OR REPLACE VIEW cpu_ops AS
+CREATE OR REPLACE VIEW cpu_ops WITH (DEFER_BINDING) AS
 WITH child AS (
     SELECT job, rank, parent_eid AS eid, sum(dur_ns)::BIGINT AS child_ns
     FROM events WHERE parent_eid IS NOT NULL AND ph = 'X' GROUP BY ALL)
@@ -64,7 +64,7 @@ WHERE e.kind = 'cpu_op';
 --   when the GPU starts it at once, large when something else (a sync, another stream) held
 --   it; negative values mean it overlapped its predecessor (PDL) or clocks disagree.
 -- step: the GPU op's ProfilerStep.
-CREATE OR REPLACE VIEW launches AS
+CREATE OR REPLACE VIEW launches WITH (DEFER_BINDING) AS
 SELECT g.job, g.rank, g.launch_eid, g.launch_name, l.tid, g.launch_ts_ns,
        l.end_ns AS launch_end_ns, g.eid AS gpu_eid, g.name AS gpu_name, g.kind AS gpu_kind,
        g.device, g.stream, g.ts_ns AS gpu_ts_ns, g.end_ns AS gpu_end_ns,

@@ -7,7 +7,7 @@
 --   non-gloo threads (depth 0, or just under the step annotation) and comm is the gloo:*
 --   spans on the gloo threads. `tracetool replay` reads this view for its breakdown, so the
 --   measured and projected breakdowns are made of the same events.
-CREATE OR REPLACE VIEW breakdown_events AS
+CREATE OR REPLACE VIEW breakdown_events WITH (DEFER_BINDING) AS
 WITH ps AS MATERIALIZED (  -- each small table read once (a Parquet file per rank each)
     SELECT job, rank, eid, tid FROM profiler_steps),
 gpu AS MATERIALIZED (
@@ -44,7 +44,7 @@ SELECT * FROM gpu UNION ALL SELECT * FROM cpu UNION ALL SELECT * FROM cpu_only;
 --   clipped to the rank's step (steps).
 -- job, rank, step: the step. s_ns, e_ns: a busy interval inside [start_ns, end_ns) of the
 --   step. what: as in breakdown_events.
-CREATE OR REPLACE VIEW step_intervals AS
+CREATE OR REPLACE VIEW step_intervals WITH (DEFER_BINDING) AS
 SELECT st.job, st.rank, st.step, greatest(a.ts_ns, st.start_ns) AS s_ns,
        least(a.end_ns, st.end_ns) AS e_ns, a.what
 FROM breakdown_events a
@@ -63,7 +63,7 @@ JOIN (SELECT job, rank, step, start_ns, end_ns FROM steps) st
 -- idle_ns: dur_ns - time with any GPU op running (on CPU-only ranks: any compute or comm).
 -- cpu_bound_ns: idle time during which the step's CPU thread was busy (not synchronizing):
 --   the GPU waited for the CPU. NULL on CPU-only ranks.
-CREATE OR REPLACE VIEW step_breakdown AS
+CREATE OR REPLACE VIEW step_breakdown WITH (DEFER_BINDING) AS
 WITH unions AS (SELECT * FROM interval_unions('step_intervals')),
 gpu_ranks AS (SELECT DISTINCT job, rank FROM gpu_ops)
 SELECT s.job, s.rank, s.step, s.dur_ns, s.complete,

@@ -83,7 +83,7 @@ CREATE OR REPLACE MACRO _collective_same_call(a, b) AS
 -- best shift's spread / max(spread, 1 us), counting only rivals whose offset is within
 -- SKEW (10 ms) of the chosen one's: a rival that needs clocks 300 ms apart is no rival.
 -- A rank with no plausible shift is matched by call order.
-CREATE OR REPLACE VIEW collective_ranks AS
+CREATE OR REPLACE VIEW collective_ranks WITH (DEFER_BINDING) AS
 WITH src AS MATERIALIZED (  -- the table, read once (one Parquet file per rank: at 1,024
                             -- ranks each scan of it costs more than the matching)
     SELECT * FROM collectives),
@@ -212,7 +212,7 @@ LEFT JOIN seq_ok o ON o.job = c.job AND o.pg_key = r.pg_key AND o.seq = c.seq;
 --   match_shift, match_spread_ns, match_margin; NULL unless this rank was aligned).
 -- ambiguous: margin < 3: another shift fits the end times almost as well, so the chosen
 --   one may be wrong (its instances set no clock offsets).
-CREATE OR REPLACE VIEW collective_matching AS
+CREATE OR REPLACE VIEW collective_matching WITH (DEFER_BINDING) AS
 WITH r AS (
     SELECT job, coalesce(pg_name, '?') AS pg_key, any_value(pg_name) AS pg_name, rank,
            count(*) AS n_calls, count(instance) AS n_matched,
@@ -232,7 +232,7 @@ FROM r WINDOW w AS (PARTITION BY job, pg_key);
 --   instance), each with its rank's clock offset; rank_clock_offsets and
 --   collective_instances read it, so the matching is computed once per query.
 -- All columns of collective_ranks, plus offset_ns, n_samples: see rank_clock_offsets.
-CREATE OR REPLACE VIEW _collective_matched AS
+CREATE OR REPLACE VIEW _collective_matched WITH (DEFER_BINDING) AS
 WITH m AS MATERIALIZED (SELECT * FROM collective_ranks WHERE instance IS NOT NULL),
 ref AS (SELECT job, min(rank) AS ref_rank FROM m GROUP BY job),
 ref_calls AS MATERIALIZED (  -- the reference rank's calls first: joined to every rank's
@@ -258,7 +258,7 @@ FROM m LEFT JOIN o USING (job, rank);
 --   difference estimates how far this rank's clock runs ahead. Subtract it to align
 --   (events_aligned does). n_samples: collectives used. 0 for the reference rank, and for
 --   a rank with no confident match (n_samples 0).
-CREATE OR REPLACE VIEW rank_clock_offsets AS
+CREATE OR REPLACE VIEW rank_clock_offsets WITH (DEFER_BINDING) AS
 WITH o AS (SELECT DISTINCT job, rank, offset_ns, n_samples FROM _collective_matched)
 SELECT f.job, f.rank, coalesce(o.offset_ns, 0) AS offset_ns,
        coalesce(o.n_samples, 0) AS n_samples
@@ -266,7 +266,7 @@ FROM (SELECT DISTINCT job, rank FROM trace_files) f LEFT JOIN o USING (job, rank
 
 -- @view events_aligned: events with times moved onto the reference rank's clock.
 -- All columns of events; ts_ns and end_ns minus the rank's offset_ns (rank_clock_offsets).
-CREATE OR REPLACE VIEW events_aligned AS
+CREATE OR REPLACE VIEW events_aligned WITH (DEFER_BINDING) AS
 SELECT e.* REPLACE (e.ts_ns - coalesce(o.offset_ns, 0) AS ts_ns,
                     e.end_ns - coalesce(o.offset_ns, 0) AS end_ns)
 FROM events e LEFT JOIN rank_clock_offsets o USING (job, rank);
@@ -289,7 +289,7 @@ FROM events e LEFT JOIN rank_clock_offsets o USING (job, rank);
 -- transfer_ns: the shortest per-rank duration, i.e. the last arrival's: the transfer itself.
 -- bytes: collective_ranks.bytes, the message size nccl-tests calls S. algbw_gbps = bytes / transfer_ns (GB/s); busbw_gbps = algbw * factor, factor
 --   2(n-1)/n for allreduce, (n-1)/n for allgather / reduce_scatter / alltoall, 1 otherwise.
-CREATE OR REPLACE VIEW collective_instances AS
+CREATE OR REPLACE VIEW collective_instances WITH (DEFER_BINDING) AS
 WITH c AS (
     SELECT *, ts_ns - offset_ns AS arrival_ns, end_ns - offset_ns AS aligned_end_ns
     FROM _collective_matched),
@@ -326,7 +326,7 @@ FROM i;
 -- mean_lateness_ns: when last, mean of (its arrival - the second-to-last arrival).
 -- top_op_before: the GPU kernel (CPU op on CPU-only ranks) with the most time in the
 --   windows before its late arrivals (from its previous collective's end to the arrival).
-CREATE OR REPLACE VIEW stragglers AS
+CREATE OR REPLACE VIEW stragglers WITH (DEFER_BINDING) AS
 WITH ci AS MATERIALIZED (SELECT * FROM collective_instances WHERE n_ranks > 1),
 late AS (
     SELECT a.job, a.rank, a.eid, a.instance, a.arrival_ns,

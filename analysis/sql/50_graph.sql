@@ -17,7 +17,7 @@
 -- 40_collectives.sql). A job whose collectives table has no transfer events (no kernel or
 -- gloo span found) matches its communication kernels by their order on each rank
 -- (instance 'kernel:<n>').
-CREATE OR REPLACE VIEW collective_edges AS
+CREATE OR REPLACE VIEW collective_edges WITH (DEFER_BINDING) AS
 WITH calls AS (
     SELECT job, rank, instance, coalesce(kernel_eid, gloo_eid) AS x_eid
     FROM collective_ranks
@@ -58,7 +58,7 @@ WHERE x.rank <> l.l_rank AND l.l_ts <= x.end_ns;
 --   recorded clocks for 'collective', and transfer_wake may be slightly negative). The src
 --   with the smallest lag into a point is the dependency that was satisfied last: the one
 --   the critical path follows (it does not walk transfer_wake edges: the replay's only).
-CREATE OR REPLACE VIEW edges AS
+CREATE OR REPLACE VIEW edges WITH (DEFER_BINDING) AS
 SELECT job, rank AS rank_src, src_eid, src_point, rank AS rank_dst, dst_eid, dst_point, kind,
        lag_ns
 FROM rank_edges

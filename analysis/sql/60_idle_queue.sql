@@ -35,7 +35,7 @@
 --     waiting for its peers).
 --   An op without a launch call is never host wait here; HTA joins such an op (correlation 0)
 --   to trace event 0 and so calls the gap before it host wait.
-CREATE OR REPLACE VIEW stream_idle AS
+CREATE OR REPLACE VIEW stream_idle WITH (DEFER_BINDING) AS
 WITH o AS (
     SELECT job, rank, device, stream, eid, ts_ns, launch_ts_ns,
            max(end_ns) OVER w AS prev_end_ns, arg_max(eid, end_ns) OVER w AS prev_eid
@@ -59,7 +59,7 @@ FROM o WHERE ts_ns > prev_end_ns;
 -- n_gaps: gaps (pieces) in the step; n_host_wait, n_kernel_wait, n_other by category.
 -- host_wait_ratio, kernel_wait_ratio, other_ratio: each category's share of idle_ns (HTA's
 --   idle_time_ratio).
-CREATE OR REPLACE VIEW stream_idle_breakdown AS
+CREATE OR REPLACE VIEW stream_idle_breakdown WITH (DEFER_BINDING) AS
 WITH p AS (
     SELECT g.job, g.rank, g.device, g.stream, s.step, s.dur_ns AS step_dur_ns, s.complete,
            g.category, least(g.end_ns, s.end_ns) - greatest(g.start_ns, s.start_ns) AS ns
@@ -90,7 +90,7 @@ FROM a;
 -- idle_ns, host_wait_ns, kernel_wait_ns, other_ns, n_gaps, n_host_wait, n_kernel_wait,
 --   n_other, host_wait_ratio, kernel_wait_ratio, other_ratio: as in stream_idle_breakdown,
 --   over the whole trace (0 and NULL ratios for a stream without gaps).
-CREATE OR REPLACE VIEW stream_idle_rank AS
+CREATE OR REPLACE VIEW stream_idle_rank WITH (DEFER_BINDING) AS
 WITH o AS (
     SELECT job, rank, device, stream, count(*) AS n_ops,
            max(end_ns) - min(ts_ns) AS span_ns
@@ -131,7 +131,7 @@ FROM o LEFT JOIN g USING (job, rank, device, stream);
 --   length: +1 at a launch, -1 at a start; an 'end' row repeats the value). Never negative.
 -- in_flight: ops launched and not yet finished (queue_length plus the op running, if any).
 -- The value holds until the stream's next row: a step function.
-CREATE OR REPLACE VIEW stream_queue_length AS
+CREATE OR REPLACE VIEW stream_queue_length WITH (DEFER_BINDING) AS
 WITH ops AS (
     SELECT job, rank, device, stream, eid, launch_ts_ns, ts_ns, end_ns
     FROM gpu_ops WHERE launch_eid IS NOT NULL),
@@ -159,7 +159,7 @@ WINDOW w AS (PARTITION BY job, rank, device, stream ORDER BY ts_ns, o, eid
 --   (each value weighted by how long it held; not in HTA).
 -- max_in_flight: the largest stream_queue_length.in_flight.
 -- first_ns, last_ns: the first launch and the last start of the stream.
-CREATE OR REPLACE VIEW stream_queue_summary AS
+CREATE OR REPLACE VIEW stream_queue_summary WITH (DEFER_BINDING) AS
 WITH q AS (
     SELECT *, lead(ts_ns) OVER (PARTITION BY job, rank, device, stream
                                 ORDER BY ts_ns, event = 'start', eid) - ts_ns AS hold_ns
@@ -207,5 +207,5 @@ GROUP BY q.job, q.rank, q.device, q.stream;
 -- trace_span_ns: the rank's trace span, first to last event start (events.ts_ns; HTA's
 --   get_trace_duration). full_ratio: full_ns / trace_span_ns (HTA's
 --   relative_duration_at_max_queue_length).
-CREATE OR REPLACE VIEW stream_queue_full AS
+CREATE OR REPLACE VIEW stream_queue_full WITH (DEFER_BINDING) AS
 SELECT * FROM stream_queue_full_at(1024);

@@ -19,7 +19,7 @@
 --   CUPTI duration (so it is right where the trace rounds ts/dur to microseconds); NULL
 --   when absent. bw_gbps: kineto_gbps, else gbps: the value HTA's memory_bw_gbps reads.
 -- step, launch_eid, op_eid, op_name: as in gpu_ops.
-CREATE OR REPLACE VIEW memory_copies AS
+CREATE OR REPLACE VIEW memory_copies WITH (DEFER_BINDING) AS
 SELECT g.job, g.rank, g.eid, g.kind, g.name,
        CASE WHEN g.kind = 'memset' OR starts_with(g.name, 'Memset') THEN 'Memset'
             WHEN regexp_matches(g.name, '^Memcpy [A-Za-z]+to[A-Za-z]+')
@@ -48,7 +48,7 @@ WHERE g.kind IN ('memcpy', 'memset');
 --   memory_copies.bw_gbps, to 1e-12 GB/s (each is rounded to that unit so the series adds
 --   exactly and is 0 where no copy runs); copies of unknown size count in n_copies and add
 --   nothing.
-CREATE OR REPLACE VIEW memory_bw_time_series AS
+CREATE OR REPLACE VIEW memory_bw_time_series WITH (DEFER_BINDING) AS
 WITH c AS (  -- bandwidth in integer units of 1e-12 GB/s, so the running sum is exact
     SELECT job, rank, direction, ts_ns AS s_ns,
            CASE WHEN dur_ns > 0 THEN end_ns ELSE ts_ns + 1000 END AS e_ns,
@@ -85,7 +85,7 @@ FROM run WHERE end_ns IS NOT NULL;
 --   memory_copies.bw_gbps over the copies (sample std; linearly interpolated quantiles, as
 --   pandas' describe). peak_gbps: max of memory_bw_time_series.bw_gbps.
 -- first_ns, last_ns: first copy start, last copy end.
-CREATE OR REPLACE VIEW memory_bw_summary AS
+CREATE OR REPLACE VIEW memory_bw_summary WITH (DEFER_BINDING) AS
 WITH ts AS (
     SELECT job, rank, direction, sum(dur_ns) FILTER (WHERE n_copies > 0) AS busy_ns,
            max(bw_gbps) AS peak_gbps
@@ -113,7 +113,7 @@ GROUP BY c.job, c.rank, c.direction;
 -- n_gpu_ops: GPU ops under it. gpu_ns: the sum of their durations (HTA's kernel_dur_sum).
 -- sequence: their names joined with '|', ordered by GPU start (then eid).
 -- gpu_names: the same names as a list. gpu_eids: their eids, same order.
-CREATE OR REPLACE VIEW op_kernel_sequences AS
+CREATE OR REPLACE VIEW op_kernel_sequences WITH (DEFER_BINDING) AS
 WITH RECURSIVE par AS MATERIALIZED (  -- the nesting of the CPU threads
     SELECT job, rank, eid, parent_eid FROM events
     WHERE parent_eid IS NOT NULL AND track_kind = 'cpu_thread'),
@@ -194,7 +194,7 @@ ORDER BY job, rank, pattern_rank;
 -- cum_share: share of this annotation and all ranked before it. HTA's num_kernels and
 --   duration_ratio fold annotations past those limits into 'others': filter on total_rank
 --   and cum_share for the same cut.
-CREATE OR REPLACE VIEW user_annotation_breakdown AS
+CREATE OR REPLACE VIEW user_annotation_breakdown WITH (DEFER_BINDING) AS
 WITH a AS (
     SELECT job, rank, CASE kind WHEN 'gpu_user_annotation' THEN 'gpu' ELSE 'cpu' END AS side,
            name, dur_ns
