@@ -284,23 +284,48 @@ class SlotIndex:
     """(rank, eid) -> slot. Slots are the replayed events in (rank, eid) order, each rank's
     contiguous (``base``, ``sizes``). Unbounded, slot = base[rank] + eid (eids are dense in
     a rank), and ``is_node`` marks the eids that are nodes; bounded, the slots are the
-    selected events alone (found by binary search), so arrays scale with the selection."""
+    selected events alone, so arrays scale with the selection: looked up in a table over
+    each rank's span of selected eids when those spans hold at most SPAN_FACTOR times the
+    events (a step's events lie close together in the file), else by binary search."""
+
+    SPAN_FACTOR = 4  # a lookup table at most this many times the selection's size
 
     def __init__(self, rank: np.ndarray, eid: np.ndarray, dense: bool) -> None:
         self.ranks = np.flatnonzero(np.bincount(rank)) if len(rank) else np.zeros(0, np.int64)
         self._lut = np.full(int(self.ranks.max()) + 2 if len(rank) else 1, -1, dtype=np.int64)
         self._lut[self.ranks] = np.arange(len(self.ranks))  # rank -> its index (ranks >= 0)
         ri = self._lut[rank]
+        eid = np.asarray(eid, dtype=np.int64)
         self.dense = dense
+        self.keys = self._span = None
         if dense:
             self.sizes = np.zeros(len(self.ranks), dtype=np.int64)
-            np.maximum.at(self.sizes, ri, np.asarray(eid, dtype=np.int64) + 1)
-            self.keys = None
+            np.maximum.at(self.sizes, ri, eid + 1)
         else:
             self.sizes = np.bincount(ri, minlength=len(self.ranks)).astype(np.int64)
-            self.keys = np.sort((ri.astype(np.int64) << 40) | np.asarray(eid, dtype=np.int64))
+            self.keys = np.sort((ri.astype(np.int64) << 40) | eid)
+            self._span = self._span_table(ri, eid)
         self.base = np.concatenate([[0], np.cumsum(self.sizes)[:-1]]).astype(np.int64)
         self.n = int(self.sizes.sum())
+
+    def _span_table(self, ri: np.ndarray, eid: np.ndarray) -> tuple[np.ndarray, ...] | None:
+        """(lo, hi, start, table): per rank index its lowest and highest selected eid and
+        where its part of ``table`` starts; table[start + eid - lo] is the slot, -1 where the
+        eid is not selected. None when the spans would be too large for the selection."""
+        if not len(eid):
+            return None
+        lo = np.full(len(self.ranks), np.iinfo(np.int64).max)
+        hi = np.full(len(self.ranks), -1, dtype=np.int64)
+        np.minimum.at(lo, ri, eid)
+        np.maximum.at(hi, ri, eid)
+        width = np.where(hi >= lo, hi - lo + 1, 0)
+        if width.sum() > self.SPAN_FACTOR * len(eid) + 1024:
+            return None
+        start = np.concatenate([[0], np.cumsum(width)[:-1]]).astype(np.int64)
+        table = np.full(int(width.sum()), -1, dtype=np.int64)
+        k_ri, k_eid = self.keys >> 40, self.keys & ((1 << 40) - 1)
+        table[start[k_ri] + k_eid - lo[k_ri]] = np.arange(len(self.keys))
+        return lo, hi, start, table
 
     def __call__(self, rank: np.ndarray, eid: np.ndarray) -> np.ndarray:
         """Slots, -1 where (rank, eid) is no event of the index."""
@@ -314,6 +339,11 @@ class SlotIndex:
         if self.dense:
             ok &= eid < self.sizes[ri]
             return np.where(ok, self.base[ri] + eid, -1)
+        if self._span is not None:
+            lo, hi, start, table = self._span
+            ok &= (eid >= lo[ri]) & (eid <= hi[ri])
+            at = np.where(ok, start[ri] + eid - lo[ri], 0)
+            return np.where(ok, table[at], -1) if len(table) else np.full(len(eid), -1)
         key = (ri.astype(np.int64) << 40) | np.maximum(eid, 0)
         pos = np.minimum(np.searchsorted(self.keys, key), max(self.n - 1, 0))
         ok &= self.keys[pos] == key if self.n else False
