@@ -213,7 +213,7 @@ class ReplayGraph:
     order: np.ndarray  # int64: nodes in topological order
     ptr: np.ndarray  # int64, n_nodes + 1: in-edges of node order[i] are ptr[i]:ptr[i + 1]
     src: np.ndarray  # int64 per edge: source node
-    dst: np.ndarray  # int64 per edge: destination node
+    dst: np.ndarray  # int64 per edge: destination node (order repeated by ptr; the build has it)
     lag: np.ndarray  # float64 per edge: measured lag (dst time - src time)
     base_w: np.ndarray  # float64 per edge: the identity weight (lag, or relaxed)
     kind: np.ndarray  # int8 per edge: index into KIND_NAMES
@@ -343,7 +343,7 @@ class SlotIndex:
             lo, hi, start, table = self._span
             ok &= (eid >= lo[ri]) & (eid <= hi[ri])
             at = np.where(ok, start[ri] + eid - lo[ri], 0)
-            return np.where(ok, table[at], -1) if len(table) else np.full(len(eid), -1)
+            return np.where(ok, table[at], -1)
         key = (ri.astype(np.int64) << 40) | np.maximum(eid, 0)
         pos = np.minimum(np.searchsorted(self.keys, key), max(self.n - 1, 0))
         ok &= self.keys[pos] == key if self.n else False
