@@ -10,9 +10,11 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -43,6 +45,24 @@ class FileFailed(Exception):
     """The file cannot be ingested; the message is one line naming the problem."""
 
 
+@dataclass
+class _Decoded:
+    """A file decoded and staged, waiting for the derivation stage."""
+
+    res: FileResult
+    member: derive_mod.Member
+    budget: TmpBudget
+    info: SourceInfo
+    issues: list[Issue]
+    issue_eids: list[int | None]
+    quarantined: int
+    keys: dict
+    rank_source: str
+    stats: list[PieceResult]
+    hashing: Future | None
+    t0: float
+
+
 def build_file(
     path: Path,
     opts: Options,
@@ -51,8 +71,69 @@ def build_file(
     workers: Workers | None = None,
     progress: Callable[[int], None] | None = None,
 ) -> FileResult:
-    """Build ``path``'s partition under ``workdir/built``; status 'built', 'skipped' or
+    """Build ``path``'s partition under ``workdir/0/built``; status 'built', 'skipped' or
     'error'. ``stored`` (what the store holds) makes re-ingesting identical bytes a no-op."""
+    return build_files([path], opts, workdir, stored, workers, progress)[0]
+
+
+def build_files(
+    paths: list[Path],
+    opts: Options,
+    workdir: Path,
+    stored: list[StoredFile],
+    workers: Workers | None = None,
+    progress: Callable[[int], None] | None = None,
+) -> list[FileResult]:
+    """Build the partitions of ``paths`` (file i under ``workdir/i/built``), one result per
+    file, deriving them together in one batch (``derive.py``): a small file's derivation
+    is mostly DuckDB planning its statements, which a batch pays once. A file that fails
+    fails alone: when the batch's derivation fails, each file is derived again by itself."""
+    own = workers is None
+    workers = workers or Workers(1)
+    try:
+        out = [_decode(p, opts, workers, workdir / str(i), i, stored, progress)
+               for i, p in enumerate(paths)]
+        decoded = [d for d in out if isinstance(d, _Decoded)]
+        if decoded:
+            _derive_all(decoded, opts, workers, workdir)
+    finally:
+        if own:
+            workers.close()
+    results = []
+    for d in out:
+        if isinstance(d, _Decoded):
+            d.res.seconds = time.perf_counter() - d.t0
+            d = d.res
+        results.append(d)
+    return results
+
+
+def _failure(err: BaseException) -> str:
+    """The one-line message of a file's failure while building it; re-raises what is not
+    one (an interrupt DuckDB reported as an error, a bug)."""
+    if isinstance(err, (TraceFileError, FileFailed, BudgetExceeded)):
+        return str(err)
+    if isinstance(err, RuntimeError):  # DuckDB reports a signal during a query like this
+        raise_if_interrupted()
+        raise err
+    if isinstance(err, duckdb.Error):  # e.g. out of memory or disk in the derivation stage
+        raise_if_interrupted()
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        return f"derivation stage failed: {first}"
+    if isinstance(err, OSError):  # writing the work files (reading the trace: TraceFileError)
+        why = os.strerror(err.errno) if err.errno else str(err).strip().splitlines()[0]
+        return f"writing the store failed: {why}"
+    raise err
+
+
+_FAILURES = (TraceFileError, FileFailed, BudgetExceeded, RuntimeError, duckdb.Error, OSError)
+
+
+def _decode(path: Path, opts: Options, workers: Workers, work: Path, index: int,
+            stored: list[StoredFile], progress: Callable[[int], None] | None
+            ) -> _Decoded | FileResult:
+    """Read, decode and stage one file, and resolve its rank; a FileResult when it is done
+    already (skipped, or failed)."""
     t0 = time.perf_counter()
     res = FileResult(str(path), "error", job=opts.job, store=str(opts.store))
     if ET_NAME.search(path.name):
@@ -85,35 +166,21 @@ def build_file(
             res.message = (f"already ingested as job {same[0].job} rank {same[0].rank} "
                            "(same sha256); use --force to re-ingest")
             return res
-    own = workers is None
-    workers = workers or Workers(1)
-    budget = TmpBudget(workdir, opts.tmp_budget or default_budget(size, is_gzip(path)),
+    work.mkdir(parents=True, exist_ok=True)
+    budget = TmpBudget(work, opts.tmp_budget or default_budget(size, is_gzip(path)),
                        explicit=opts.tmp_budget is not None)
     try:
-        _build(path, opts, workers, workdir, res, progress, budget)
-    except (TraceFileError, FileFailed, BudgetExceeded) as err:
-        res.status, res.message = "error", str(err)
-    except RuntimeError:  # DuckDB reports a signal during a query as 'Query interrupted'
-        raise_if_interrupted()
-        raise
-    except duckdb.Error as err:  # e.g. out of memory or disk in the derivation stage
-        raise_if_interrupted()
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        res.status, res.message = "error", f"derivation stage failed: {first}"
-    except OSError as err:  # writing the work files (reading the trace is TraceFileError)
-        why = os.strerror(err.errno) if err.errno else str(err).strip().splitlines()[0]
-        res.status, res.message = "error", f"writing the store failed: {why}"
-    finally:
-        if own:
-            workers.close()
+        return _decode_staged(path, opts, workers, work, index, res, progress, budget, t0)
+    except _FAILURES as err:
+        res.status, res.message = "error", _failure(err)
     res.seconds = time.perf_counter() - t0
     return res
 
 
-def _build(
-    path: Path, opts: Options, workers: Workers, work: Path, res: FileResult,
-    progress: Callable[[int], None] | None, budget: TmpBudget,
-) -> None:
+def _decode_staged(
+    path: Path, opts: Options, workers: Workers, work: Path, index: int, res: FileResult,
+    progress: Callable[[int], None] | None, budget: TmpBudget, t0: float,
+) -> _Decoded:
     stage = work / "stage"
     built = work / "built"
     stage.mkdir()
@@ -127,7 +194,6 @@ def _build(
                 progress(info.bytes_on_disk)
             yield p
 
-    t0 = time.perf_counter()
     cut = pieces(info, opts.piece_bytes, opts.max_event_bytes)
     results = decode_all(workers, reported(cut), stage)
     res.timings["read_decode_s"] = round(time.perf_counter() - t0, 3)
@@ -207,27 +273,71 @@ def _build(
     base = base_time_ns(keys)
     _check_base(base, max((pr.max_abs_ts_us for _, pr, _ in results), default=0.0))
     di = keys.get("distributedInfo") if isinstance(keys.get("distributedInfo"), dict) else None
-    pg_ranks = _pg_ranks(di)
+    member = derive_mod.Member(index, stage, built, offsets, total, base, _pg_ranks(di))
+    return _Decoded(res, member, budget, info, issues, issue_eids, quarantined, keys, source,
+                    [pr for _, pr, _ in results], hashing, t0)
+
+
+def _derive_all(decoded: list[_Decoded], opts: Options, workers: Workers, work: Path) -> None:
+    """The derivation stage of the decoded files, in one batch; when it fails and the batch
+    holds several files, each is derived again alone, so the error is its file's."""
+    try:
+        _derive_batch(decoded, opts, workers, work)
+        return
+    except _FAILURES as err:
+        message = _failure(err)
+        if len(decoded) == 1:
+            decoded[0].res.status, decoded[0].res.message = "error", message
+            return
+    for d in decoded:
+        for sub in (d.member.out, work / "derived"):
+            shutil.rmtree(sub, ignore_errors=True)
+        d.member.out.mkdir()
+        try:
+            _derive_batch([d], opts, workers, work)
+        except _FAILURES as err:
+            d.res.status, d.res.message = "error", _failure(err)
+
+
+def _derive_batch(decoded: list[_Decoded], opts: Options, workers: Workers, work: Path
+                  ) -> None:
     t0 = time.perf_counter()
+    budget = TmpBudget(work, sum(d.budget.limit for d in decoded),
+                       explicit=opts.tmp_budget is not None)
     budget.check(force=True)
     key = (workers.workers, opts.memory_limit)
     con = _derive_connection(work, key)
     kept = False
     try:
         con.execute(f"SET max_temp_directory_size = '{budget.remaining()}B'")
-        d = derive_mod.derive(con, stage, built, offsets, total, base, pg_ranks, workers.run)
+        derived = derive_mod.derive(con, [d.member for d in decoded], work / "derived",
+                                    workers.run)
         kept = _keep_connection(con, key)
     finally:
         if not kept:
             con.close()
-    res.timings["derive_s"] = round(time.perf_counter() - t0, 3)
-    res.timings["graph_s"] = round(d.graph_s, 3)  # part of derive_s
-    for eid, off, issue, detail, q, snip in d.issues:
+    share = (time.perf_counter() - t0) / len(decoded)
+    for d, r in zip(decoded, derived, strict=True):
+        d.res.timings["derive_s"] = round(share, 3)  # the batch's time, evenly shared
+        d.res.timings["graph_s"] = round(r.graph_s, 3)  # part of derive_s
+        if len(decoded) > 1:
+            d.res.timings["batch_files"] = len(decoded)
+        try:
+            _complete(d, r)
+        except _FAILURES as err:
+            d.res.status, d.res.message = "error", _failure(err)
+
+
+def _complete(d: _Decoded, derived: derive_mod.Derived) -> None:
+    """Check a derived file's conservation and write its ingest_issues and trace_files."""
+    res, info, keys, built = d.res, d.info, d.keys, d.member.out
+    issues, issue_eids, quarantined, total = d.issues, d.issue_eids, d.quarantined, d.member.total
+    for eid, off, issue, detail, q, snip in derived.issues:
         issues.append(Issue(None, off, issue, detail, q, snip))
         issue_eids.append(eid)  # absolute eid already
         if q:
             quarantined += 1
-    stored_n = d.events_stored
+    stored_n = derived.events_stored
     if stored_n + quarantined != total:
         raise FileFailed(f"internal error: conservation failed (read {total}, stored "
                          f"{stored_n}, quarantined {quarantined}); please report")
@@ -235,12 +345,14 @@ def _build(
     it = it.drop_columns(["ord"]).add_column(0, "eid", pa.array(issue_eids, pa.int64()))
     derive_mod.write_arrow(it, built, "ingest_issues")
 
-    stats = [pr for _, pr, _ in results]
+    stats, base = d.stats, d.member.base_ns
     res.events_read, res.events_stored, res.events_quarantined = total, stored_n, quarantined
-    if hashing is not None:
-        info.sha256 = hashing.result()
+    if d.hashing is not None:
+        info.sha256 = d.hashing.result()
+    di = keys.get("distributedInfo") if isinstance(keys.get("distributedInfo"), dict) else None
     row = {
-        "path": str(path.resolve()), "file_name": path.name, "sha256": info.sha256,
+        "path": str(Path(res.path).resolve()), "file_name": Path(res.path).name,
+        "sha256": info.sha256,
         "bytes": info.bytes_on_disk, "json_bytes": info.json_bytes,
         "compression": info.compression, "container": info.container,
         "ts_convention": _ts_convention(stats, base),
@@ -255,11 +367,11 @@ def _build(
         "distributed_info": json.dumps(di) if di is not None else None,
         "world_size": _small_int(di.get("world_size")) if di else None,
         "backend": str(di.get("backend")) if di and di.get("backend") is not None else None,
-        "rank_source": source,
+        "rank_source": d.rank_source,
         "metadata": json.dumps({k: v for k, v in keys.items()
                                 if k not in ("deviceProperties", "distributedInfo")}),
         "events_read": total, "events_stored": stored_n, "events_quarantined": quarantined,
-        "salvaged": salvaged, "ingested_at": datetime.now(UTC),
+        "salvaged": res.salvaged, "ingested_at": datetime.now(UTC),
         "tracetool_version": __version__,
     }
     tf = pa.table({c.name: pa.array([row[c.name]], type=c.type) for c in TRACE_FILES.columns})

@@ -15,7 +15,6 @@ import functools
 import json
 import math
 import re
-from pathlib import Path
 
 import duckdb
 import msgspec
@@ -23,7 +22,6 @@ import pyarrow as pa
 
 from tracetool.dtypes import ELEM_BYTES
 from tracetool.schema import COLLECTIVES
-from tracetool.sqltext import path_list
 
 # Calls recorded like collectives that move no data of their own.
 NOT_COLLECTIVES = {"wait", "monitored_barrier"}
@@ -126,33 +124,72 @@ def _rows(con: duckdb.DuckDBPyConnection, sql: str) -> list[dict]:
     return [dict(zip(names, r, strict=True)) for r in cur.fetchall()]
 
 
-def build(con: duckdb.DuckDBPyConnection, out: Path, pg_ranks: dict[str, list[int]]) -> pa.Table:
-    ev, g, st = (f"read_parquet({path_list(sorted((out / t).glob('*.parquet')))})"
-                 for t in ("events", "gpu_ops", "profiler_steps"))
-    steps = _rows(con, f"SELECT step, cpu_start_ns, coalesce(cpu_end_ns, 9223372036854775807) "
-                       f"AS cpu_end_ns FROM {st} ORDER BY cpu_start_ns")
+def _by_file(rows: list[dict]) -> dict[int, list[dict]]:
+    out: dict[int, list[dict]] = {}
+    for r in rows:
+        out.setdefault(r["file"], []).append(r)
+    return out
 
+
+def build(con: duckdb.DuckDBPyConnection, tables: dict[str, str],
+          pg_ranks: dict[int, dict[str, list[int]]]) -> dict[int, pa.Table]:
+    """The collectives table of each file of a derivation batch (``pg_ranks``: each file's
+    process groups from its distributedInfo), from SQL reading the batch's events, gpu_ops
+    and profiler_steps (with their ``file``). The few rows involved are read in one query
+    per kind for the whole batch, then matched per file in Python."""
+    ev, g, st = tables["events"], tables["gpu_ops"], tables["profiler_steps"]
+    steps = _by_file(_rows(con, f"""SELECT file, step, cpu_start_ns,
+                                           coalesce(cpu_end_ns, 9223372036854775807) AS cpu_end_ns
+                                    FROM {st} ORDER BY file, cpu_start_ns"""))
+    rpc = _by_file(_rows(con, f"""
+        SELECT file, eid, ts_ns, dur_ns, end_ns, tid, external_id, args FROM {ev}
+        WHERE kind = 'cpu_op' AND name = 'record_param_comms' ORDER BY file, ts_ns"""))
+    kernels = _by_file(_rows(con, f"""
+        SELECT file, eid, name, stream, ts_ns, end_ns, external_id, launch_ts_ns, launch_tid
+        FROM {g} WHERE is_comm ORDER BY file, coalesce(launch_ts_ns, ts_ns)"""))
+    calls = {f: [(r, _args(r["args"])) for r in rows] for f, rows in rpc.items()}
+    # before 2023-10 record_param_comms had no collective args: the nccl:<op> annotation
+    # inside it names the op and its Input Dims / Input type give the size
+    titles: dict[int, dict[int, dict]] = {}
+    if any(a.get("Collective name") is None for c in calls.values() for _, a in c):
+        for r in _rows(con, f"""
+                SELECT c.file, c.parent_eid, c.name, c.args FROM {ev} c
+                SEMI JOIN (SELECT file, eid FROM {ev} WHERE name = 'record_param_comms') p
+                  ON p.file = c.file AND p.eid = c.parent_eid
+                WHERE c.kind = 'user_annotation' AND c.name LIKE 'nccl:%'"""):
+            titles.setdefault(r["file"], {})[r["parent_eid"]] = r
+    ops: dict[int, list[dict]] = {}
+    spans: dict[int, list[dict]] = {}
+    if any(f not in rpc for f in pg_ranks):  # gloo traces have no record_param_comms
+        ops = _by_file(_rows(con, f"""
+            SELECT file, eid, name, ts_ns, dur_ns, end_ns, tid, args FROM {ev}
+            WHERE kind = 'cpu_op' AND name LIKE 'c10d::%' ORDER BY file, ts_ns, eid"""))
+        spans = _by_file(_rows(con, f"""SELECT file, eid, name, ts_ns, end_ns, tid, args
+                                        FROM {ev} WHERE name LIKE 'gloo:%'
+                                        ORDER BY file, ts_ns, eid"""))
+    out = {}
+    for f, groups in pg_ranks.items():
+        rows = _file_rows(steps.get(f, []), calls.get(f, []), kernels.get(f, []),
+                          titles.get(f, {}), ops.get(f, []), spans.get(f, []), groups)
+        out[f] = pa.table({c.name: pa.array([r.get(c.name) for r in rows], type=c.type)
+                           for c in COLLECTIVES.columns})
+    return out
+
+
+def _file_rows(steps: list[dict], calls: list[tuple[dict, dict]], kernels: list[dict],
+               titles: dict[int, dict], ops: list[dict], spans: list[dict],
+               pg_ranks: dict[str, list[int]]) -> list[dict]:
+    """One file's collectives rows (the table's columns, as dicts)."""
     starts = [s["cpu_start_ns"] for s in steps]
 
     def step_of(ts: int) -> int | None:
         i = bisect.bisect_right(starts, ts) - 1
         return steps[i]["step"] if i >= 0 and ts < steps[i]["cpu_end_ns"] else None
 
-    rpc = _rows(con, f"""SELECT eid, ts_ns, dur_ns, end_ns, tid, external_id, args FROM {ev}
-                         WHERE kind = 'cpu_op' AND name = 'record_param_comms' ORDER BY ts_ns""")
-    kernels = _rows(con, f"""SELECT eid, name, stream, ts_ns, end_ns, external_id, launch_ts_ns,
-                                    launch_tid FROM {g} WHERE is_comm
-                             ORDER BY coalesce(launch_ts_ns, ts_ns)""")
-    calls = [(r, _args(r["args"])) for r in rpc]
-    # before 2023-10 record_param_comms had no collective args: the nccl:<op> annotation
-    # inside it names the op and its Input Dims / Input type give the size
-    titles = {r["parent_eid"]: r for r in _rows(con, f"""
-        SELECT c.parent_eid, c.name, c.args FROM {ev} c
-        WHERE c.kind = 'user_annotation' AND c.name LIKE 'nccl:%' AND c.parent_eid IN (
-            SELECT eid FROM {ev} WHERE name = 'record_param_comms')""")
-        } if any(a.get("Collective name") is None for _, a in calls) else {}
+    if all(a.get("Collective name") is not None for _, a in calls):
+        titles = {}  # (read for the batch: another file needs them)
     rows: list[dict] = []
-    if rpc:
+    if calls:
         index = _KernelIndex(kernels)
         for r, a in calls:
             if a.get("Collective name") in NOT_COLLECTIVES:
@@ -168,10 +205,6 @@ def build(con: duckdb.DuckDBPyConnection, out: Path, pg_ranks: dict[str, list[in
                 _size_from_dims(row, ta, a)
             rows.append(row)
     else:
-        ops = _rows(con, f"""SELECT eid, name, ts_ns, dur_ns, end_ns, tid, args FROM {ev}
-                             WHERE kind = 'cpu_op' AND name LIKE 'c10d::%' ORDER BY ts_ns, eid""")
-        spans = _rows(con, f"""SELECT eid, name, ts_ns, end_ns, tid, args FROM {ev}
-                               WHERE name LIKE 'gloo:%' ORDER BY ts_ns, eid""")
         by_kind: dict[str, list[dict]] = {}
         for s in spans:
             by_kind.setdefault(kind_key(s["name"].split(":", 1)[1]), []).append(s)
@@ -205,9 +238,7 @@ def build(con: duckdb.DuckDBPyConnection, out: Path, pg_ranks: dict[str, list[in
         row["step"] = step_of(row["cpu_ts_ns"])
         if row["group_size"] is None and row["group_ranks"]:
             row["group_size"] = len(row["group_ranks"])
-    cols = {c.name: pa.array([r.get(c.name) for r in rows], type=c.type)
-            for c in COLLECTIVES.columns}
-    return pa.table(cols)
+    return rows
 
 
 class _KernelIndex:

@@ -34,7 +34,8 @@ class FinishJob:
     flows_stage_part: str  # staged flows ("" when the piece has none)
     flows_out_part: str
     derived_dir: str
-    offset: int
+    offset: int  # geid of the piece's first event (the dense arrays' index)
+    ebase: int  # geid of its file's eid 0 (a derivation batch holds several files)
     base_ns: int
     track_kinds: tuple[str, ...]  # indexed by track_id
 
@@ -60,16 +61,16 @@ def finish_part(job: FinishJob) -> tuple[int, int]:
 
 def _finish_flows(job: FinishJob, d: Path) -> int:
     t = pq.read_table(job.flows_stage_part)
-    eid = t["ord"].to_numpy() + job.offset
+    geid = t["ord"].to_numpy() + job.offset
     flow_eid = _load(d, "flow_eid")
-    pos = np.minimum(np.searchsorted(flow_eid, eid), max(len(flow_eid) - 1, 0))
-    if not len(flow_eid) or not (flow_eid[pos] == eid).all():
+    pos = np.minimum(np.searchsorted(flow_eid, geid), max(len(flow_eid) - 1, 0))
+    if not len(flow_eid) or not (flow_eid[pos] == geid).all():
         raise AssertionError("flow events missing from the flow binding")
     bound = _load(d, "flow_bound")[pos]
     cols = {
-        "eid": pa.array(eid), "ts_ns": pc.add(t["ts_ns"], job.base_ns),
-        "track_id": pa.array(_load(d, "track")[eid].astype(np.int32)),
-        "bound_eid": pa.array(bound, mask=bound < 0),
+        "eid": pa.array(geid - job.ebase), "ts_ns": pc.add(t["ts_ns"], job.base_ns),
+        "track_id": pa.array(_load(d, "track")[geid].astype(np.int32)),
+        "bound_eid": pa.array(bound - job.ebase, mask=bound < 0),
     }
     out = pa.table({c.name: _cast(cols[c.name] if c.name in cols else t[c.name], c.type)
                     for c in FLOWS.columns})
@@ -84,7 +85,7 @@ def _write(t: pa.Table, path: str) -> None:
 
 def _finish_events(job: FinishJob, d: Path) -> int:
     t = feather.read_table(job.stage_part, memory_map=True)
-    eid = t["ord"].to_numpy() + job.offset
+    eid = t["ord"].to_numpy() + job.offset  # geid: the dense arrays' index
     drops = _load(d, "drop_eid") if (d / "drop_eid.npy").exists() else None
     if drops is not None and len(drops):
         keep = ~np.isin(eid, drops)
@@ -112,13 +113,14 @@ def _finish_events(job: FinishJob, d: Path) -> int:
                           pa.scalar(None, pa.string()))
     kinds = pa.array(job.track_kinds, type=pa.string())
     cols = {
-        "eid": pa.array(eid), "ph": ph, "cat": t["cat"], "kind": t["kind"], "name": t["name"],
+        "eid": pa.array(eid - job.ebase), "ph": ph, "cat": t["cat"], "kind": t["kind"],
+        "name": t["name"],
         "ts_ns": ts, "dur_ns": dur, "end_ns": pc.add(ts, dur),
         "pid": t["pid"], "tid": t["tid"], "pid_raw": t["pid_raw"], "tid_raw": t["tid_raw"],
         "track_id": pa.array(track.astype(np.int32)),
         "track_kind": kinds.take(pa.array(track)),
         "depth": pa.array(depth, mask=depth < 0),
-        "parent_eid": pa.array(parent, mask=parent < 0),
+        "parent_eid": pa.array(parent - job.ebase, mask=parent < 0),
         "overlaps_parent": pa.array(overlap, mask=depth < 0),
         "external_id": t["external_id"], "correlation": t["correlation"],
         "seq_nr": t["seq_nr"], "fwd_thread_id": t["fwd_thread_id"],

@@ -24,9 +24,10 @@ from tracetool.graph import SYNC_CALLS
 
 _NODES = """
 CREATE OR REPLACE TEMP TABLE _g_nodes AS
-WITH gloo AS (SELECT DISTINCT gloo_eid AS eid FROM {collectives} WHERE gloo_eid IS NOT NULL),
+WITH gloo AS (SELECT DISTINCT file, gloo_eid AS eid FROM {collectives}
+              WHERE gloo_eid IS NOT NULL),
 base AS MATERIALIZED (
-    SELECT e.eid, e.track_id, e.name, e.ts_ns, e.end_ns, coalesce(e.depth, 0) AS depth,
+    SELECT e.file, e.eid, e.track_id, e.name, e.ts_ns, e.end_ns, coalesce(e.depth, 0) AS depth,
            e.parent_eid,
            CASE WHEN g.eid IS NOT NULL THEN
                     CASE WHEN g.is_comm THEN 'comm' WHEN g.kind = 'kernel' THEN 'compute'
@@ -37,13 +38,13 @@ base AS MATERIALIZED (
                AND (e.kind = 'user_annotation' OR e.name LIKE 'ProfilerStep#%'
                     OR (e.kind = 'cpu_op' AND e.name ILIKE '%wait%')) AS waitable
     FROM {events} e
-    LEFT JOIN {gpu_ops} g ON g.eid = e.eid
-    LEFT JOIN gloo c ON c.eid = e.eid
+    LEFT JOIN {gpu_ops} g ON g.file = e.file AND g.eid = e.eid
+    LEFT JOIN gloo c ON c.file = e.file AND c.eid = e.eid
     WHERE e.ph = 'X' AND e.dur_ns >= 0
       AND (g.eid IS NOT NULL
            OR (e.track_kind = 'cpu_thread' AND e.kind NOT IN ('kernel', 'memcpy', 'memset'))))
 SELECT b.*, coalesce(p.waitable, TRUE) AND NOT b.is_gpu AND b.cls = 'cpu' AS wake_start
-FROM base b LEFT JOIN base p ON p.eid = b.parent_eid
+FROM base b LEFT JOIN base p ON p.file = b.file AND p.eid = b.parent_eid
 """
 
 # Points of every track in time order, as nodes eid * 2 + (0 start | 1 end). At the same
@@ -54,36 +55,37 @@ FROM base b LEFT JOIN base p ON p.eid = b.parent_eid
 _CHAIN = """
 CREATE OR REPLACE TEMP TABLE _g_chain AS
 WITH pts AS (
-    SELECT track_id, is_gpu, 2 * eid AS node, ts_ns AS t, 4096 + depth AS prio,
+    SELECT file, track_id, is_gpu, 2 * eid AS node, ts_ns AS t, 4096 + depth AS prio,
            wake_start AS wake FROM _g_nodes
     UNION ALL
-    SELECT track_id, is_gpu, 2 * eid + 1, end_ns,
+    SELECT file, track_id, is_gpu, 2 * eid + 1, end_ns,
            CASE WHEN end_ns > ts_ns THEN 2048 - depth ELSE 4096 + depth END, waitable
     FROM _g_nodes)
-SELECT track_id, is_gpu, node, t, coalesce(wake, FALSE) AS wake,
+SELECT file, track_id, is_gpu, node, t, coalesce(wake, FALSE) AS wake,
        lag(node) OVER w AS p_node, lag(t) OVER w AS p_t
-FROM pts WINDOW w AS (PARTITION BY track_id ORDER BY t, prio, node)
+FROM pts WINDOW w AS (PARTITION BY file, track_id ORDER BY t, prio, node)
 """
 
 _SYNC_NAMES = ", ".join(f"'{n}'" for n in SYNC_CALLS)
 _HELPERS = [
     """CREATE OR REPLACE TEMP TABLE _g_gpu AS
-       SELECT g.eid, g.kind, g.device, g.stream, g.ts_ns, g.end_ns, g.launch_eid,
+       SELECT g.file, g.eid, g.kind, g.device, g.stream, g.ts_ns, g.end_ns, g.launch_eid,
               g.launch_ts_ns, coalesce(g.is_comm, FALSE) AS is_comm
-       FROM {gpu_ops} g SEMI JOIN _g_nodes n ON n.eid = g.eid""",
+       FROM {gpu_ops} g SEMI JOIN _g_nodes n ON n.file = g.file AND n.eid = g.eid""",
     """CREATE OR REPLACE TEMP TABLE _g_cuda_sync AS
-       SELECT eid, name, correlation, device, stream,
+       SELECT file, eid, name, correlation, device, stream,
               TRY_CAST(args->>'wait_on_cuda_event_record_corr_id' AS BIGINT) AS rec_corr,
               TRY_CAST(args->>'wait_on_stream' AS BIGINT) AS wstream
        FROM {events} WHERE kind = 'cuda_sync'""",
     f"""CREATE OR REPLACE TEMP TABLE _g_runtime AS  -- the runtime calls the sync edges read
-       SELECT eid, name, ts_ns, end_ns, correlation FROM {{events}}
-       WHERE kind IN ('cuda_runtime', 'cuda_driver', 'accelerator_runtime') AND ph = 'X'
-         AND (name IN ({_SYNC_NAMES})
-              OR correlation IN (SELECT correlation FROM _g_cuda_sync
-                                 UNION ALL SELECT rec_corr FROM _g_cuda_sync))""",
+       WITH corr AS (SELECT file, correlation AS c FROM _g_cuda_sync
+                     UNION SELECT file, rec_corr FROM _g_cuda_sync)
+       SELECT e.file, e.eid, e.name, e.ts_ns, e.end_ns, e.correlation FROM {{events}} e
+       LEFT JOIN corr k ON k.file = e.file AND k.c = e.correlation
+       WHERE e.kind IN ('cuda_runtime', 'cuda_driver', 'accelerator_runtime') AND e.ph = 'X'
+         AND (e.name IN ({_SYNC_NAMES}) OR k.c IS NOT NULL)""",
     f"""CREATE OR REPLACE TEMP TABLE _g_sync_calls AS
-       SELECT r.* FROM _g_runtime r SEMI JOIN _g_nodes n ON n.eid = r.eid
+       SELECT r.* FROM _g_runtime r SEMI JOIN _g_nodes n ON n.file = r.file AND n.eid = r.eid
        WHERE r.name IN ({_SYNC_NAMES})""",
 ]
 
@@ -102,20 +104,21 @@ def at_or_after(t: str) -> str:
     """The left key of ``at_or_after(a) >= at(b, eid)``, which holds when a >= b."""
     return at(t, "1099511627775")
 
-# Each query gives (src_eid, src_point, dst_eid, dst_point, kind, lag_ns).
+# Each query gives (file, src_eid, src_point, dst_eid, dst_point, kind, lag_ns); every join
+# and ASOF join is within one file (a derivation batch holds several ranks' files).
 _EDGES: dict[str, str] = {
     "order": f"""
-SELECT p_node // 2, {_PT.format('p_node')}, node // 2, {_PT.format('node')},
+SELECT file, p_node // 2, {_PT.format('p_node')}, node // 2, {_PT.format('node')},
        CASE WHEN is_gpu THEN 'gpu_order' ELSE 'cpu_order' END, t - p_t
 FROM _g_chain WHERE p_node IS NOT NULL""",
     "launch": """
-SELECT g.launch_eid, 'start', g.eid, 'start', 'launch', g.ts_ns - l.ts_ns
-FROM _g_gpu g JOIN _g_nodes l ON l.eid = g.launch_eid
+SELECT g.file, g.launch_eid, 'start', g.eid, 'start', 'launch', g.ts_ns - l.ts_ns
+FROM _g_gpu g JOIN _g_nodes l ON l.file = g.file AND l.eid = g.launch_eid
 WHERE g.ts_ns >= l.ts_ns""",
     # a copy call that returned after its copy ended waited for it
     "sync_memcpy": """
-SELECT g.eid, 'end', c.eid, 'end', 'sync', c.end_ns - g.end_ns
-FROM _g_gpu g JOIN _g_nodes c ON c.eid = g.launch_eid
+SELECT g.file, g.eid, 'end', c.eid, 'end', 'sync', c.end_ns - g.end_ns
+FROM _g_gpu g JOIN _g_nodes c ON c.file = g.file AND c.eid = g.launch_eid
 WHERE g.kind IN ('memcpy', 'memset') AND g.end_ns <= c.end_ns
   AND regexp_matches(c.name, '^(cuda|hip|cu)Mem(cpy|set)')""",
     # synchronize calls: the awaited op is the last one to end before the call returned,
@@ -123,69 +126,76 @@ WHERE g.kind IN ('memcpy', 'memset') AND g.end_ns <= c.end_ns
     # (Event Sync), or all ops of the rank (device sync, or no cuda_sync events)
     "sync_calls": f"""
 WITH s AS (
-    SELECT s.eid, s.ts_ns, s.end_ns, y.name AS sync_kind, y.device, y.stream, y.rec_corr,
-           y.wstream
+    SELECT s.file, s.eid, s.ts_ns, s.end_ns, y.name AS sync_kind, y.device, y.stream,
+           y.rec_corr, y.wstream
     FROM _g_sync_calls s LEFT JOIN _g_cuda_sync y
-      ON y.correlation = s.correlation
+      ON y.file = s.file AND y.correlation = s.correlation
      AND y.name IN ('Stream Sync', 'Event Sync', 'Context Sync')),
 by_stream AS (
-    SELECT g.eid AS src, s.eid AS dst, s.end_ns - g.end_ns AS lag, g.launch_ts_ns, s.ts_ns
+    SELECT s.file, g.eid AS src, s.eid AS dst, s.end_ns - g.end_ns AS lag, g.launch_ts_ns,
+           s.ts_ns
     FROM (SELECT * FROM s WHERE sync_kind = 'Stream Sync') s
-    ASOF JOIN _g_gpu g ON g.device = s.device AND g.stream = s.stream
+    ASOF JOIN _g_gpu g ON g.file = s.file AND g.device = s.device AND g.stream = s.stream
                       AND {at_or_after('s.end_ns')} >= {at('g.end_ns', 'g.eid')}),
 by_event AS (
-    SELECT g.eid AS src, s.eid AS dst, s.end_ns - g.end_ns AS lag, g.launch_ts_ns, s.ts_ns
-    FROM (SELECT s.*, r.ts_ns AS rec_ts FROM s JOIN _g_runtime r ON r.correlation = s.rec_corr
+    SELECT s.file, g.eid AS src, s.eid AS dst, s.end_ns - g.end_ns AS lag, g.launch_ts_ns,
+           s.ts_ns
+    FROM (SELECT s.*, r.ts_ns AS rec_ts FROM s
+          JOIN _g_runtime r ON r.file = s.file AND r.correlation = s.rec_corr
           WHERE s.sync_kind = 'Event Sync') s
-    ASOF JOIN _g_gpu g ON g.device = s.device AND g.stream = s.wstream
+    ASOF JOIN _g_gpu g ON g.file = s.file AND g.device = s.device AND g.stream = s.wstream
                       AND {at_or_after('s.rec_ts')} >= {at('g.launch_ts_ns', 'g.eid')}),
 by_rank AS (
-    SELECT g.eid AS src, s.eid AS dst, s.end_ns - g.end_ns AS lag, g.launch_ts_ns, s.ts_ns
+    SELECT s.file, g.eid AS src, s.eid AS dst, s.end_ns - g.end_ns AS lag, g.launch_ts_ns,
+           s.ts_ns
     FROM (SELECT * FROM s WHERE sync_kind IS NULL OR sync_kind = 'Context Sync'
                             OR (sync_kind = 'Event Sync' AND coalesce(rec_corr, -1) < 0)) s
-    ASOF JOIN _g_gpu g ON {at_or_after('s.end_ns')} >= {at('g.end_ns', 'g.eid')}),
+    ASOF JOIN _g_gpu g ON g.file = s.file
+                      AND {at_or_after('s.end_ns')} >= {at('g.end_ns', 'g.eid')}),
 a AS (SELECT * FROM by_stream UNION ALL SELECT * FROM by_event UNION ALL SELECT * FROM by_rank)
-SELECT src, 'end', dst, 'end', 'sync', lag FROM a
+SELECT file, src, 'end', dst, 'end', 'sync', lag FROM a
 WHERE lag >= 0 AND coalesce(launch_ts_ns <= ts_ns, TRUE)""",
     "stream_wait": f"""
 WITH w AS (
-    SELECT y.device, y.stream, y.wstream, c.ts_ns AS call_ts, r.ts_ns AS rec_ts
+    SELECT y.file, y.device, y.stream, y.wstream, c.ts_ns AS call_ts, r.ts_ns AS rec_ts
     FROM _g_cuda_sync y
-    JOIN _g_runtime c ON c.correlation = y.correlation
-    JOIN _g_runtime r ON r.correlation = y.rec_corr
+    JOIN _g_runtime c ON c.file = y.file AND c.correlation = y.correlation
+    JOIN _g_runtime r ON r.file = y.file AND r.correlation = y.rec_corr
     WHERE y.name = 'Stream Wait Event'),
 src AS (
     SELECT w.*, g.eid AS src_eid, g.end_ns AS src_end FROM w
-    ASOF JOIN _g_gpu g ON g.device = w.device AND g.stream = w.wstream
+    ASOF JOIN _g_gpu g ON g.file = w.file AND g.device = w.device AND g.stream = w.wstream
                       AND {at_or_after('w.rec_ts')} >= {at('g.launch_ts_ns', 'g.eid')}),
 pair AS (
-    SELECT s.src_eid, s.src_end, h.eid AS dst_eid, h.ts_ns AS dst_ts FROM src s
-    ASOF JOIN _g_gpu h ON h.device = s.device AND h.stream = s.stream
+    SELECT s.file, s.src_eid, s.src_end, h.eid AS dst_eid, h.ts_ns AS dst_ts FROM src s
+    ASOF JOIN _g_gpu h ON h.file = s.file AND h.device = s.device AND h.stream = s.stream
                       AND {at('s.call_ts')} <= {at('h.launch_ts_ns', 'h.eid')})
-SELECT DISTINCT src_eid, 'end', dst_eid, 'start', 'stream_wait', dst_ts - src_end
+SELECT DISTINCT file, src_eid, 'end', dst_eid, 'start', 'stream_wait', dst_ts - src_end
 FROM pair WHERE dst_ts >= src_end""",
     # only on a rank whose trace has no cuda_sync stream waits
     "comm_wait": f"""
-WITH k AS (SELECT * FROM _g_gpu WHERE is_comm AND launch_ts_ns IS NOT NULL
-           AND NOT EXISTS (SELECT 1 FROM _g_cuda_sync WHERE name = 'Stream Wait Event')),
+WITH k AS (SELECT g.* FROM _g_gpu g
+           ANTI JOIN (SELECT DISTINCT file FROM _g_cuda_sync
+                      WHERE name = 'Stream Wait Event') w ON w.file = g.file
+           WHERE g.is_comm AND g.launch_ts_ns IS NOT NULL),
 c AS (SELECT * FROM _g_gpu WHERE NOT is_comm AND launch_ts_ns IS NOT NULL),
 pre AS (
-    SELECT c.eid AS src, 'end' AS sp, k.eid AS dst, 'start' AS dp,
+    SELECT k.file, c.eid AS src, 'end' AS sp, k.eid AS dst, 'start' AS dp,
            k.ts_ns - c.end_ns AS lag, c.stream <> k.stream AS other
-    FROM k ASOF JOIN c ON c.device = k.device
+    FROM k ASOF JOIN c ON c.file = k.file AND c.device = k.device
                       AND {at('k.launch_ts_ns')} > {at('c.launch_ts_ns', 'c.eid')}),
 post AS (
-    SELECT k.eid, 'end', c.eid, 'start', c.ts_ns - k.end_ns,
+    SELECT k.file, k.eid, 'end', c.eid, 'start', c.ts_ns - k.end_ns,
            c.stream <> k.stream AND c.launch_ts_ns >= k.launch_ts_ns
-    FROM k ASOF JOIN c ON c.device = k.device
+    FROM k ASOF JOIN c ON c.file = k.file AND c.device = k.device
                       AND {at('k.end_ns')} <= {at('c.ts_ns', 'c.eid')})
-SELECT src, sp, dst, dp, 'comm_wait', lag
+SELECT file, src, sp, dst, dp, 'comm_wait', lag
 FROM (SELECT * FROM pre UNION ALL SELECT * FROM post) WHERE other AND lag >= 0""",
     "comm_enqueue": """
-SELECT c.eid, 'start', c.gloo_eid, 'start', 'comm_enqueue', g.ts_ns - s.ts_ns
+SELECT c.file, c.eid, 'start', c.gloo_eid, 'start', 'comm_enqueue', g.ts_ns - s.ts_ns
 FROM {collectives} c
-JOIN _g_nodes g ON g.eid = c.gloo_eid
-JOIN _g_nodes s ON s.eid = c.eid
+JOIN _g_nodes g ON g.file = c.file AND g.eid = c.gloo_eid
+JOIN _g_nodes s ON s.file = c.file AND s.eid = c.eid
 WHERE g.ts_ns >= s.ts_ns""",
     # a thread that went idle while a gloo span was in flight resumed when it ended; or it
     # waited inside an op (the gap ends at the op's end): a wait op, or the op that had just
@@ -195,26 +205,28 @@ WHERE g.ts_ns >= s.ts_ns""",
     "transfer_wake": f"""
 WITH gaps AS (SELECT * FROM _g_chain WHERE NOT is_gpu AND t > p_t),
 spans AS (
-    SELECT DISTINCT e.track_id, e.eid, e.ts_ns, e.end_ns, c.eid AS call_eid,
+    SELECT DISTINCT e.file, e.track_id, e.eid, e.ts_ns, e.end_ns, c.eid AS call_eid,
            greatest(100000, (e.end_ns - e.ts_ns) // 20) AS tol
-    FROM _g_nodes e JOIN {{collectives}} c ON c.gloo_eid = e.eid)
-SELECT s.eid, 'end', g.node // 2, {_PT.format('g.node')}, 'transfer_wake', g.t - s.end_ns
-FROM gaps g JOIN spans s ON s.track_id <> g.track_id
+    FROM _g_nodes e JOIN {{collectives}} c ON c.file = e.file AND c.gloo_eid = e.eid)
+SELECT g.file, s.eid, 'end', g.node // 2, {_PT.format('g.node')}, 'transfer_wake',
+       g.t - s.end_ns
+FROM gaps g JOIN spans s ON s.file = g.file AND s.track_id <> g.track_id
  AND s.end_ns > g.p_t AND s.end_ns <= g.t + s.tol
  AND CASE WHEN g.node % 2 = 0 THEN s.ts_ns <= g.p_t
           WHEN g.p_node = 2 * s.call_eid + 1
               THEN g.t - s.end_ns <= greatest(s.tol, (g.t - g.p_t) // 4)
           ELSE g.wake AND s.ts_ns <= g.p_t AND g.t - s.end_ns <= s.tol END
-QUALIFY row_number() OVER (PARTITION BY g.node ORDER BY abs(g.t - s.end_ns), s.eid) = 1""",
+QUALIFY row_number() OVER (PARTITION BY g.file, g.node
+                           ORDER BY abs(g.t - s.end_ns), s.eid) = 1""",
     # a thread that resumed after an idle or waiting gap resumed because of the latest end
     # of an event on another thread of the rank inside that gap (if there was one)
     "thread_wake": f"""
 WITH gaps AS (
-    SELECT track_id, node, t, p_t FROM _g_chain
+    SELECT file, track_id, node, t, p_t FROM _g_chain
     WHERE NOT is_gpu AND wake AND (p_t IS NULL OR t > p_t)),
-ends AS (SELECT track_id, eid, end_ns AS t FROM _g_nodes WHERE NOT is_gpu)
-SELECT e.eid, 'end', g.node // 2, {_PT.format('g.node')}, 'thread_wake', g.t - e.t
-FROM gaps g ASOF JOIN ends e ON {at('g.t')} > {at('e.t', 'e.eid')}
+ends AS (SELECT file, track_id, eid, end_ns AS t FROM _g_nodes WHERE NOT is_gpu)
+SELECT g.file, e.eid, 'end', g.node // 2, {_PT.format('g.node')}, 'thread_wake', g.t - e.t
+FROM gaps g ASOF JOIN ends e ON e.file = g.file AND {at('g.t')} > {at('e.t', 'e.eid')}
 WHERE e.track_id <> g.track_id AND (g.p_t IS NULL OR e.t > g.p_t)""",
 }
 
@@ -224,9 +236,10 @@ _TEMP = ("_g_nodes", "_g_chain", "_g_gpu", "_g_cuda_sync", "_g_runtime", "_g_syn
 @contextmanager
 def rank_graph(con: duckdb.DuckDBPyConnection, tables: dict[str, str]
                ) -> Iterator[dict[str, str]]:
-    """The queries of the rank's cp_nodes and rank_edges (tracetool.schema), by table name,
-    valid inside the ``with``: they read temp tables built here and dropped on exit.
-    ``tables``: SQL reading the rank's written events, gpu_ops and collectives."""
+    """The queries of the ranks' cp_nodes and rank_edges (tracetool.schema, plus each row's
+    ``file`` in the derivation batch), by table name, valid inside the ``with``: they read
+    temp tables built here and dropped on exit. ``tables``: SQL reading the batch's written
+    events, gpu_ops and collectives (with ``file``)."""
     try:
         con.execute(_NODES.format(**tables))
         con.execute(_CHAIN)
@@ -234,9 +247,10 @@ def rank_graph(con: duckdb.DuckDBPyConnection, tables: dict[str, str]
             con.execute(sql.format(**tables))
         edges = "\nUNION ALL\n".join(f"({sql.format(**tables)})" for sql in _EDGES.values())
         yield {"cp_nodes": "SELECT * FROM _g_nodes",
-               "rank_edges": f"""SELECT c0 AS src_eid, c1 AS src_point, c2 AS dst_eid,
-                                        c3 AS dst_point, c4 AS kind, c5 AS lag_ns
-                                 FROM ({edges}) AS e(c0, c1, c2, c3, c4, c5)"""}
+               "rank_edges": f"""SELECT c0 AS file, c1 AS src_eid, c2 AS src_point,
+                                        c3 AS dst_eid, c4 AS dst_point, c5 AS kind,
+                                        c6 AS lag_ns
+                                 FROM ({edges}) AS e(c0, c1, c2, c3, c4, c5, c6)"""}
     finally:
         for t in _TEMP:
             con.execute(f"DROP TABLE IF EXISTS {t}")

@@ -23,6 +23,10 @@ class Options:
     strict: bool = False
     workers: int = 0
     piece_bytes: int = 16 << 20  # decoded per worker task; bounds worker memory
+    # small files derived together (build.build_files): per batch, at most this many files
+    # and this much JSON (1: every file alone)
+    batch_files: int = 16
+    batch_bytes: int = 32 << 20
     memory_limit: str = "256MB"  # DuckDB's buffer pool for the derivation stage (it spills)
     # an event larger than this is quarantined unread (source.DEFAULT_MAX_EVENT_BYTES)
     max_event_bytes: int = 64 << 20

@@ -1,7 +1,8 @@
 """Ingest trace files into the store: build each file's partition, then commit it.
 
-Small files (one piece) are built whole on the worker pool, several ranks at once; a large
-file is built in this process with its pieces decoded on the pool. Commits happen here, in
+Small files (one piece) are built whole on the worker pool, in batches derived together
+(``build.build_files``), several batches at once; a large file is built in this process with
+its pieces decoded on the pool. Commits happen here, in
 input order, so two inputs can never silently claim the same (job, rank). With
 ``Options.shard`` only one slice of the files is built, and staged instead of committed
 (``shard.py``: ``tracetool commit`` publishes the shards).
@@ -22,7 +23,7 @@ from tracetool.errors import StoreError
 from tracetool.objstore import CommitConflict
 
 from . import decode
-from .build import build_file
+from .build import build_file, build_files
 from .options import TRACE_SUFFIXES, FileResult, Options, UsageProblem
 from .packs import refresh_pack
 from .shard import Stage, shard_files
@@ -172,27 +173,28 @@ def ingest(
         workdirs.append(store.new_workdir())
         return workdirs[-1]
 
-    builds: Iterator[tuple[Path, FileResult]] | None = None
+    builds: Iterator[tuple[Path, list[FileResult]]] | None = None
     try:
         if opts.executor == "ray":
             from .ray_executor import ray_builds
 
-            builds = ray_builds(files, opts, stored, new_workdir)
+            builds = ((wd, [r]) for wd, r in ray_builds(files, opts, stored, new_workdir))
         else:
             builds = _local_builds(files, opts, stored, workers, new_workdir,
                                    progress_factory)
-        for wd, r in builds:
+        for wd, built in builds:
             try:
-                if r.status == "built":
-                    with store.lock():  # what other ingests committed meanwhile counts
-                        r = commit_built(r, store, store.stored_files(), committed,
-                                         opts.force, stage)
+                for r in built:
+                    if r.status == "built":
+                        with store.lock():  # what other ingests committed meanwhile counts
+                            r = commit_built(r, store, store.stored_files(), committed,
+                                             opts.force, stage)
+                    results.append(r)
+                    if on_result:
+                        on_result(r)
             finally:
                 store.cleanup(wd)
                 workdirs.remove(wd)
-            results.append(r)
-            if on_result:
-                on_result(r)
         if stage is not None:
             stage.publish(results)
         elif isinstance(store, Store):  # a job of many ranks: its tables compacted
@@ -249,29 +251,60 @@ def _job_per_file(files: list[Path], results: list[FileResult], opts: Options,
 def _local_builds(files: list[Path], opts: Options, stored: list[StoredFile], workers: Workers,
                   new_workdir: Callable[[], Path],
                   progress_factory: Callable[[Path, int], Callable[[int], None]] | None
-                  ) -> Iterator[tuple[Path, FileResult]]:
-    """(work dir, built result) of each file, in input order, on this machine: small files
-    (one piece) whole on the worker pool, several at once; a large one here, its pieces
-    decoded on the pool."""
+                  ) -> Iterator[tuple[Path, list[FileResult]]]:
+    """(work dir, built results) of the files, in input order, on this machine: small files
+    (one piece) in batches derived together (``batches``), several batches at once on the
+    worker pool; a large one alone here, its pieces decoded on the pool."""
     small = [f for f in files if _size(f) <= opts.piece_bytes]
-    parallel_files = workers.workers > 1 and len(files) > 1
+    parallel = workers.workers > 1 and len(files) > 1
     if any(_json_size(f) >= decode.FAST_MIN_BYTES for f in files):
         _load_scanner()  # before the fork: the workers inherit the loaded scanner
-    if workers.workers > 1 and (parallel_files or len(small) < len(files)):
+    if workers.workers > 1 and (parallel or len(small) < len(files)):
         workers.pool()  # fork the workers before this process starts DuckDB threads
+    batch_of: dict[Path, list[Path]] = {}
+    for b in batches(files, set(small), opts.batch_files, opts.batch_bytes,
+                     workers.workers if parallel else 1):
+        for f in b:
+            batch_of[f] = b
     pending: dict[Path, tuple[Path, Future]] = {}
-    if parallel_files:
-        for f in small:
+    if parallel:
+        for b in {id(b): b for b in batch_of.values()}.values():
             wd = new_workdir()
-            pending[f] = (wd, workers.submit(build_file, f, opts, wd, stored))
+            pending[b[0]] = (wd, workers.submit(build_files, b, opts, wd, stored))
     for f in files:
+        b = batch_of.get(f, [f])
+        if f != b[0]:
+            continue  # built with the first file of its batch
         if f in pending:
             wd, fut = pending.pop(f)
             yield wd, fut.result()
+        elif len(b) > 1:
+            wd = new_workdir()
+            yield wd, build_files(b, opts, wd, stored)
         else:
             wd = new_workdir()
             prog = progress_factory(f, _size(f)) if progress_factory else None
-            yield wd, build_file(f, opts, wd, stored, workers, prog)
+            yield wd, [build_file(f, opts, wd, stored, workers, prog)]
+
+
+def batches(files: list[Path], small: set[Path], max_files: int, max_bytes: int,
+            workers: int) -> list[list[Path]]:
+    """The ``small`` files in derivation batches of files consecutive in ``files`` (so commits
+    stay in input order): at most ``max_files`` and ``max_bytes`` of JSON each, and enough
+    batches to keep ``workers`` busy (at least two per worker, so one slow batch does not
+    leave a core idle at the end)."""
+    n = max(1, min(max_files, -(-len(small) // (2 * workers))))
+    out: list[list[Path]] = []
+    cur: list[Path] = []
+    size = 0
+    for f in files:
+        if cur and (f not in small or len(cur) >= n or size + _json_size(f) > max_bytes):
+            out.append(cur)
+            cur, size = [], 0
+        if f in small:
+            cur.append(f)
+            size += _json_size(f)
+    return out + [cur] if cur else out
 
 
 def commit_built(r: FileResult, store: Store | ObjectStoreWriter, stored: list[StoredFile],

@@ -238,7 +238,7 @@ def test_a_crash_between_the_two_renames_is_repaired_by_the_next_ingest(
 
 def _wait_for_stage(store: Path, stage: str, proc: subprocess.Popen) -> None:
     """Poll the work directory until the ingest is in ``stage`` (bounded: 60 s)."""
-    marker = {"decode": "stage/events", "derive": "derived"}[stage]
+    marker = {"decode": "0/stage/events", "derive": "derived"}[stage]  # build.py layout
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         assert proc.poll() is None, proc.communicate()
