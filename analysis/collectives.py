@@ -19,7 +19,12 @@ MAX_RANKS_LISTED = 8  # a warning names at most this many ranks, then says how m
 
 
 def collective_warnings(con: duckdb.DuckDBPyConnection, job: str) -> list[str]:
-    """One line per problem with the matching of ``job``'s collectives, [] when none."""
+    """One line per problem with the matching of ``job``'s collectives, [] when none (and
+    without matching anything for a job of one rank: a group needs two ranks to disagree)."""
+    n_ranks = con.execute("SELECT count(DISTINCT rank) FROM trace_files WHERE job = ?",
+                          [job]).fetchone()[0]
+    if n_ranks < 2:
+        return []
     cur = con.execute("""
         SELECT pg_name, rank, ref_rank, match, n_calls, n_unmatched, shift, spread_ns,
                margin * greatest(spread_ns, 1000) AS runner_up_spread_ns, ambiguous

@@ -67,12 +67,13 @@ def _fetch_nodes(con: duckdb.DuckDBPyConnection, job: str) -> dict[str, np.ndarr
            FROM cp_nodes WHERE job = ?""", [list(CLASSES), job]).fetchnumpy()
 
 
-# the edges the walk follows, as node numbers' parts and kind codes (index in KIND_NAMES)
+# the edges the walk follows, as node numbers' parts and kind codes (index in KIND_NAMES),
+# from ``edges``, or ``intra_rank_edges`` for a job of one rank (the only edges it has)
 _EDGES_SQL = """
 SELECT rank_src, src_eid, (src_point = 'end')::TINYINT AS sp, rank_dst, dst_eid,
        (dst_point = 'end')::TINYINT AS dp, (list_position($kinds, kind) - 1)::TINYINT AS kind,
        lag_ns
-FROM edges WHERE job = $job AND NOT list_contains($skip, kind)"""
+FROM {edges} WHERE job = $job AND NOT list_contains($skip, kind)"""
 
 
 @dataclass
@@ -142,8 +143,10 @@ def _load_graph(con: duckdb.DuckDBPyConnection, job: str) -> PathGraph:
     parent = np.where(is_node[np.maximum(parent, 0)], parent, -1)  # the parent is a node
     order = np.lexsort((ev["eid"], ev["rank"], ev["is_gpu"], ev["end_ns"]))
 
-    e = con.execute(_EDGES_SQL, {"job": job, "kinds": KIND_NAMES,
-                                 "skip": list(REPLAY_ONLY_KINDS)}).fetchnumpy()
+    edges = "edges" if len(ranks) > 1 else "intra_rank_edges"
+    e = con.execute(_EDGES_SQL.format(edges=edges),
+                    {"job": job, "kinds": KIND_NAMES, "skip": list(REPLAY_ONLY_KINDS)}
+                    ).fetchnumpy()
     src = 2 * slot_of(e["rank_src"], e["src_eid"]) + e["sp"]
     dst = 2 * slot_of(e["rank_dst"], e["dst_eid"]) + e["dp"]
     key = e["lag_ns"] * 16 + e["kind"]

@@ -389,3 +389,23 @@ def test_critical_path_cli_json_and_chrome_trace(tmp_path: Path) -> None:
     r = subprocess.run([sys.executable, "-m", "tracetool", "critical-path", str(store),
                         "--step", "99"], capture_output=True, text=True, timeout=300)
     assert r.returncode == 1 and r.stderr.count("\n") == 1 and "ProfilerStep#99" in r.stderr
+
+
+def test_a_one_rank_job_reads_only_its_intra_rank_edges(tmp_path: Path) -> None:
+    """critical-path on a job of one rank reads ``intra_rank_edges``, and skips the matching
+    of collectives behind ``collective_edges`` and the warnings: with one rank there is no
+    edge between ranks to find, and no group of two ranks to disagree."""
+    from tracetool.analysis.collectives import collective_warnings
+
+    one = next(MULTI_RANK["dlrm"].glob("worker3_*.json"))
+    store = tmp_path / "store"
+    assert ingest([one], Options(store=store, job="r3"))[0].status == "ingested"
+    c = tracetool.connect(store)
+    n = {v: c.execute(f"SELECT count(*) FROM {v} WHERE job = 'r3'").fetchone()[0]
+         for v in ("edges", "intra_rank_edges", "collective_edges", "collective_matching",
+                   "collective_instances")}
+    assert n["edges"] == n["intra_rank_edges"] > 5000 and n["collective_edges"] == 0
+    assert n["collective_instances"] == 8  # it has collectives: only no second rank
+    assert collective_warnings(c, "r3") == []
+    segs = critical_path(c, "r3").fetchall()
+    assert len(segs) > 100 and {s[3] for s in segs} == {3}  # rank 3 only

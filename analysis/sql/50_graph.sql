@@ -45,6 +45,15 @@ SELECT x.job, l.l_rank AS rank_src, l.l_eid AS src_eid, 'start' AS src_point,
 FROM x JOIN last l USING (job, instance)
 WHERE x.rank <> l.l_rank AND l.l_ts <= x.end_ns;
 
+-- @view intra_rank_edges: the edges within one rank (every kind but 'collective': the
+--   store's rank_edges). All columns of edges (the view below), rank_src = rank_dst. A job
+--   of one rank has no other edges (critical-path reads only these then: collective_edges
+--   costs a matching of the job's collectives).
+CREATE OR REPLACE VIEW intra_rank_edges WITH (DEFER_BINDING) AS
+SELECT job, rank AS rank_src, src_eid, src_point, rank AS rank_dst, dst_eid, dst_point, kind,
+       lag_ns
+FROM rank_edges;
+
 -- @view edges: the job's whole dependency graph, one row per edge: the point (dst) could not
 --   happen before the point (src).
 -- job: job of both ends (edges never cross jobs).
@@ -59,8 +68,6 @@ WHERE x.rank <> l.l_rank AND l.l_ts <= x.end_ns;
 --   with the smallest lag into a point is the dependency that was satisfied last: the one
 --   the critical path follows (it does not walk transfer_wake edges: the replay's only).
 CREATE OR REPLACE VIEW edges WITH (DEFER_BINDING) AS
-SELECT job, rank AS rank_src, src_eid, src_point, rank AS rank_dst, dst_eid, dst_point, kind,
-       lag_ns
-FROM rank_edges
+SELECT * FROM intra_rank_edges
 UNION ALL
 SELECT * FROM collective_edges;
