@@ -156,7 +156,8 @@ class Store:
         part = f.parent.parent
         job = part.parent.name.split("=", 1)[1]
         rank = int(part.name.split("=", 1)[1])
-        t = pq.read_table(f, columns=["path", "file_name", "sha256", "bytes"]).to_pylist()
+        # (ParquetFile: pq.read_table's dataset layer costs ~8 ms a file, read per commit)
+        t = pq.ParquetFile(f).read(columns=["path", "file_name", "sha256", "bytes"]).to_pylist()
         return [StoredFile(job, rank, r["path"], r["file_name"], r["sha256"], r["bytes"])
                 for r in t]
 
