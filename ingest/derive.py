@@ -129,15 +129,18 @@ def table_dir(out: Path, table: str) -> Path:
     return d
 
 
-def read_parts(files: list[Path]) -> str:
-    """A subquery over Parquet parts of the batch's members, with each row's ``file``."""
+def read_parts(files: list[Path], members: list[Member]) -> str:
+    """A subquery over Parquet parts of the batch's members, with each row's ``file`` (a
+    constant for a batch of one: a large file's millions of rows need no path parsed)."""
+    if len(members) == 1:
+        return f"(SELECT *, {members[0].index} AS file FROM read_parquet({_list(files)}))"
     return (f"(SELECT * EXCLUDE (filename), {FILE_OF.format('filename')} AS file "
             f"FROM read_parquet({_list(files)}, filename = true))")
 
 
 def read_table(members: list[Member], table: str) -> str:
     """The parts of ``table`` written so far by every member (listed, not globbed)."""
-    return read_parts([p for m in members for p in _parts(m.out, table)])
+    return read_parts([p for m in members for p in _parts(m.out, table)], members)
 
 
 def staged(members: list[Member], table: str) -> list[Path]:
@@ -198,7 +201,7 @@ def derive(
                     [(m.index, piece, off, m.base_ns, m.ebase) for m in members
                      for piece, off in m.offsets.items()])
     ev_parts, fl_parts = staged(members, "events"), staged(members, "flows")
-    _stage_views(con, ev_parts, fl_parts)
+    _stage_views(con, ev_parts, fl_parts, members)
 
     be_fix = _pair_begin_end(con, {m.index: d for m, d in zip(members, results, strict=True)})
     con.execute("CREATE OR REPLACE TABLE be_fix(file INTEGER, eid BIGINT, dur_ns BIGINT, "
@@ -313,7 +316,7 @@ def _finish_jobs(m: Member, derived: Path, kinds: tuple[str, ...]) -> list[Finis
 
 
 def _stage_views(con: duckdb.DuckDBPyConnection, ev_parts: list[Path],
-                 fl_parts: list[Path]) -> None:
+                 fl_parts: list[Path], members: list[Member]) -> None:
     """ev_raw and fl_raw: the staged events and flows of every member, with their file,
     eid (in the file) and geid (in the batch's dense arrays), times on the file's base."""
     if ev_parts:
@@ -321,7 +324,7 @@ def _stage_views(con: duckdb.DuckDBPyConnection, ev_parts: list[Path],
             CREATE OR REPLACE VIEW ev_raw AS
             SELECT o.file, r.ord + o.off AS eid, r.ord + o.off + o.ebase AS geid, r.ph,
                    r.kind, r.ts_ns + o.base_ns AS ts_ns, r.dur_ns, r.pid_raw, r.tid_raw
-            FROM {read_parts(ev_parts)} r JOIN offsets o USING (file, piece)""")
+            FROM {read_parts(ev_parts, members)} r JOIN offsets o USING (file, piece)""")
     else:
         con.execute("""CREATE OR REPLACE VIEW ev_raw AS SELECT NULL::INTEGER file,
             NULL::BIGINT eid, NULL::BIGINT geid, NULL::VARCHAR ph, NULL::VARCHAR kind,
@@ -332,7 +335,7 @@ def _stage_views(con: duckdb.DuckDBPyConnection, ev_parts: list[Path],
             CREATE OR REPLACE VIEW fl_raw AS
             SELECT r.* EXCLUDE (ord, piece, ts_ns), r.ord + o.off AS eid,
                    r.ord + o.off + o.ebase AS geid, r.ts_ns + o.base_ns AS ts_ns
-            FROM {read_parts(fl_parts)} r JOIN offsets o USING (file, piece)""")
+            FROM {read_parts(fl_parts, members)} r JOIN offsets o USING (file, piece)""")
     else:
         con.execute("""CREATE OR REPLACE VIEW fl_raw AS SELECT NULL::VARCHAR ph,
             NULL::VARCHAR cat, NULL::VARCHAR name, NULL::BIGINT flow_id,
@@ -422,7 +425,8 @@ def _counters(con: duckdb.DuckDBPyConnection, members: list[Member]) -> list[int
     write_split(con, f"""
         SELECT r.* EXCLUDE (ord, piece, ts_ns), r.ord + o.off AS eid,
                r.ts_ns + o.base_ns AS ts_ns
-        FROM {read_parts(parts)} r JOIN offsets o USING (file, piece)""", members, "counters")
+        FROM {read_parts(parts, members)} r JOIN offsets o USING (file, piece)""",
+        members, "counters")
     n = dict(con.execute(f"SELECT file, count(DISTINCT eid) FROM "
                          f"{read_table(members, 'counters')} GROUP BY file").fetchall())
     return [n.get(m.index, 0) for m in members]
@@ -434,7 +438,7 @@ def _metadata_and_tracks(con: duckdb.DuckDBPyConnection, members: list[Member]) 
     if parts:
         n_meta = write_split(con, f"""
             SELECT r.* EXCLUDE (ord, piece), r.ord + o.off AS eid
-            FROM {read_parts(parts)} r JOIN offsets o USING (file, piece)""",
+            FROM {read_parts(parts, members)} r JOIN offsets o USING (file, piece)""",
             members, "metadata_events")
     else:
         for m in members:
@@ -542,11 +546,12 @@ def derive_gpu_ops(con: duckdb.DuckDBPyConnection, members: list[Member]) -> Non
     con.execute("DROP TABLE g; DROP TABLE l")
     con.execute(f"""
         CREATE OR REPLACE TABLE ops AS
+        WITH parents AS (SELECT DISTINCT file, launch_parent AS eid FROM j),
+        ext AS (SELECT DISTINCT file, external_id FROM j)
         SELECT e.file, e.eid, e.name, e.external_id FROM {ev} e
-        WHERE e.kind = 'cpu_op'
-          AND (EXISTS (SELECT 1 FROM j WHERE j.file = e.file AND j.launch_parent = e.eid)
-               OR EXISTS (SELECT 1 FROM j WHERE j.file = e.file
-                                            AND j.external_id = e.external_id))""")
+        LEFT JOIN parents p ON p.file = e.file AND p.eid = e.eid
+        LEFT JOIN ext x ON x.file = e.file AND x.external_id = e.external_id
+        WHERE e.kind = 'cpu_op' AND (p.eid IS NOT NULL OR x.external_id IS NOT NULL)""")
     # The step of each op: an ASOF join of just (eid, anchor) against the steps, then a hash
     # join back (DuckDB's ASOF join sorts its whole input: with the names along it was 30x
     # slower).
@@ -573,6 +578,18 @@ def derive_steps(con: duckdb.DuckDBPyConnection, members: list[Member]) -> None:
     after the step's GPU annotation (gpu_user_annotation ProfilerStep#N) on its device where
     the trace has one, else the earliest op launched inside the step."""
     g = read_table(members, "gpu_ops")
+    # DuckDB plans an ASOF join with a small left side (<= 64 rows, here the annotations)
+    # as a nested loop and an aggregate; with the file among its keys, against every GPU op,
+    # that took 150 ms on a 650k-event file, the sort-based ASOF 40 ms (the graph's ASOF
+    # joins are faster as loops: the setting is for this query only)
+    con.execute("SET asof_loop_join_threshold = 0")
+    try:
+        _write_steps(con, members, g)
+    finally:
+        con.execute("RESET asof_loop_join_threshold")
+
+
+def _write_steps(con: duckdb.DuckDBPyConnection, members: list[Member], g: str) -> None:
     write_split(con, f"""
         WITH gs AS (SELECT file, step, min(ts_ns) AS gpu_start_ns, max(end_ns) AS gpu_end_ns,
                            arg_min(eid, (ts_ns, eid)) AS first_eid, count(*) AS n_gpu_ops
