@@ -280,9 +280,12 @@ def _decode_staged(
 
 def _derive_all(decoded: list[_Decoded], opts: Options, workers: Workers, work: Path) -> None:
     """The derivation stage of the decoded files, in one batch; when it fails and the batch
-    holds several files, each is derived again alone, so the error is its file's."""
+    holds several files, each is derived again alone, so the error is its file's. The work
+    directory holds every file's staged pieces, so its disk budget is the sum of theirs."""
+    budget = TmpBudget(work, sum(d.budget.limit for d in decoded),
+                       explicit=opts.tmp_budget is not None)
     try:
-        _derive_batch(decoded, opts, workers, work)
+        _derive_batch(decoded, opts, workers, work, budget)
         return
     except _FAILURES as err:
         message = _failure(err)
@@ -294,16 +297,14 @@ def _derive_all(decoded: list[_Decoded], opts: Options, workers: Workers, work: 
             shutil.rmtree(sub, ignore_errors=True)
         d.member.out.mkdir()
         try:
-            _derive_batch([d], opts, workers, work)
+            _derive_batch([d], opts, workers, work, budget)
         except _FAILURES as err:
             d.res.status, d.res.message = "error", _failure(err)
 
 
-def _derive_batch(decoded: list[_Decoded], opts: Options, workers: Workers, work: Path
-                  ) -> None:
+def _derive_batch(decoded: list[_Decoded], opts: Options, workers: Workers, work: Path,
+                  budget: TmpBudget) -> None:
     t0 = time.perf_counter()
-    budget = TmpBudget(work, sum(d.budget.limit for d in decoded),
-                       explicit=opts.tmp_budget is not None)
     budget.check(force=True)
     key = (workers.workers, opts.memory_limit)
     con = _derive_connection(work, key)
