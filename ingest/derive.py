@@ -241,12 +241,7 @@ def derive(
                count(*) AS n_events, min(ts_ns) AS first_ns,
                max(ts_ns + coalesce(dur_ns, 0)) AS last_ns
         FROM ev GROUP BY file, track_id""")
-    kinds: dict[int, list[str]] = {m.index: [] for m in members}
-    for f, n in con.execute("SELECT file, count(*) FROM track_ids GROUP BY file").fetchall():
-        kinds[f] = ["other"] * n
-    for f, tid, k in con.execute("SELECT file, track_id, track_kind FROM track_kinds"
-                                 ).fetchall():
-        kinds[f][tid] = k
+    kinds = _kinds_by_track(con, members)
 
     _nesting_and_flows(con, derived, total)
     con.execute("DROP TABLE ev")  # free DuckDB's memory for the queries that follow
@@ -259,22 +254,7 @@ def derive(
                fix_eid=np.array([e for e, _ in fixes], dtype=np.int64),
                fix_dur=np.array([d for _, d in fixes], dtype=np.int64))
 
-    jobs: list[tuple[int, FinishJob]] = []
-    for i, m in enumerate(members):
-        jobs += [(i, j) for j in _finish_jobs(m, derived, tuple(kinds[m.index]))]
-    from .finish import finish_part
-
-    written = list(parallel_map(finish_part, [j for _, j in jobs]))
-    n_events, n_flows = [0] * len(members), [0] * len(members)
-    for (i, _), (e, f) in zip(jobs, written, strict=True):
-        n_events[i] += e
-        n_flows[i] += f
-    for i, m in enumerate(members):
-        if not any(j.out_part for k, j in jobs if k == i):
-            empty_table(m.out, "events")
-        if not n_flows[i]:
-            empty_table(m.out, "flows")
-
+    n_events, n_flows = _finish(members, derived, kinds, parallel_map)
     n_counter_events = _counters(con, members)
     n_meta = _metadata_and_tracks(con, members)
     derive_gpu_ops(con, members)
@@ -293,6 +273,40 @@ def derive(
                            + n_meta[i])
         d.graph_s = graph_s
     return results
+
+
+def _kinds_by_track(con: duckdb.DuckDBPyConnection, members: list[Member]
+                    ) -> dict[int, tuple[str, ...]]:
+    """Each file's track kinds, indexed by track_id (the finishing workers' lookup)."""
+    kinds: dict[int, list[str]] = {m.index: [] for m in members}
+    for f, n in con.execute("SELECT file, count(*) FROM track_ids GROUP BY file").fetchall():
+        kinds[f] = ["other"] * n
+    for f, tid, k in con.execute("SELECT file, track_id, track_kind FROM track_kinds"
+                                 ).fetchall():
+        kinds[f][tid] = k
+    return {f: tuple(k) for f, k in kinds.items()}
+
+
+def _finish(members: list[Member], derived: Path, kinds: dict[int, tuple[str, ...]],
+            parallel_map: MapFn) -> tuple[list[int], list[int]]:
+    """Write every member's final events and flows parts (``finish.py``, on the pool when
+    there is one); rows of each, per member."""
+    from .finish import finish_part
+
+    jobs: list[tuple[int, FinishJob]] = []
+    for i, m in enumerate(members):
+        jobs += [(i, j) for j in _finish_jobs(m, derived, kinds[m.index])]
+    written = list(parallel_map(finish_part, [j for _, j in jobs]))
+    n_events, n_flows = [0] * len(members), [0] * len(members)
+    for (i, _), (e, f) in zip(jobs, written, strict=True):
+        n_events[i] += e
+        n_flows[i] += f
+    for i, m in enumerate(members):
+        if not any(j.out_part for k, j in jobs if k == i):
+            empty_table(m.out, "events")
+        if not n_flows[i]:
+            empty_table(m.out, "flows")
+    return n_events, n_flows
 
 
 def _finish_jobs(m: Member, derived: Path, kinds: tuple[str, ...]) -> list[FinishJob]:
