@@ -604,6 +604,7 @@ def derive_steps(con: duckdb.DuckDBPyConnection, members: list[Member]) -> None:
 
 
 def _write_steps(con: duckdb.DuckDBPyConnection, members: list[Member], g: str) -> None:
+    """profiler_steps' query (``g``: the batch's gpu_ops), written per member."""
     write_split(con, f"""
         WITH gs AS (SELECT file, step, min(ts_ns) AS gpu_start_ns, max(end_ns) AS gpu_end_ns,
                            arg_min(eid, (ts_ns, eid)) AS first_eid, count(*) AS n_gpu_ops

@@ -261,14 +261,12 @@ def _local_builds(files: list[Path], opts: Options, stored: list[StoredFile], wo
         _load_scanner()  # before the fork: the workers inherit the loaded scanner
     if workers.workers > 1 and (parallel or len(small) < len(files)):
         workers.pool()  # fork the workers before this process starts DuckDB threads
-    batch_of: dict[Path, list[Path]] = {}
-    for b in batches(files, set(small), opts.batch_files, opts.batch_bytes,
-                     workers.workers if parallel else 1):
-        for f in b:
-            batch_of[f] = b
+    groups = batches(files, set(small), opts.batch_files, opts.batch_bytes,
+                     workers.workers if parallel else 1)
+    batch_of = {f: b for b in groups for f in b}
     pending: dict[Path, tuple[Path, Future]] = {}
     if parallel:
-        for b in {id(b): b for b in batch_of.values()}.values():
+        for b in groups:
             wd = new_workdir()
             pending[b[0]] = (wd, workers.submit(build_files, b, opts, wd, stored))
     for f in files:
