@@ -38,7 +38,7 @@ __all__ = ["CLASSES", "EDGE_KINDS", "SEGMENT_KINDS", "critical_path", "critical_
 SEGMENT_KINDS = ("compute", "comm", "memcpy", "launch_overhead", "cpu", "idle_wait")
 
 CRITICAL_PATH_DDL = """
--- @table critical_path: the critical path of each computed (job, step), one row per segment.
+-- @view critical_path: the critical path of each computed (job, step), one row per segment.
 -- job, step: the step (NULL for an explicit window, or a job without ProfilerStep).
 -- seq: 0-based position of the segment in time order.
 -- rank, track_id, track_kind: where the segment ran (a CPU thread or a GPU stream).
@@ -51,10 +51,18 @@ CRITICAL_PATH_DDL = """
 -- start_ns, end_ns, dur_ns: the segment; consecutive segments touch, and they cover the
 --   job step [job_steps.start_ns, job_steps.end_ns] (or the window), so a step's segments
 --   add up to job_steps.dur_ns.
-CREATE TABLE IF NOT EXISTS critical_path (
+-- @table critical_path_segments: what critical_path() stores: critical_path's columns but name,
+--   which the view reads from cp_nodes when it is asked for (a join that costs more than the
+--   walk on a large rank: a summary by kind or rank needs no names).
+CREATE TABLE IF NOT EXISTS critical_path_segments (
     job VARCHAR, step INTEGER, seq BIGINT, rank INTEGER, track_id INTEGER,
-    track_kind VARCHAR, eid BIGINT, name VARCHAR, kind VARCHAR, edge_kind VARCHAR,
+    track_kind VARCHAR, eid BIGINT, kind VARCHAR, edge_kind VARCHAR,
     start_ns BIGINT, end_ns BIGINT, dur_ns BIGINT);
+CREATE VIEW IF NOT EXISTS critical_path AS
+SELECT p.job, p.step, p.seq, p.rank, p.track_id, p.track_kind, p.eid, a.name, p.kind,
+       p.edge_kind, p.start_ns, p.end_ns, p.dur_ns
+FROM critical_path_segments p
+LEFT JOIN cp_nodes a ON a.job = p.job AND a.rank = p.rank AND a.eid = p.eid;
 """
 
 
@@ -287,15 +295,16 @@ def _check_job(con: duckdb.DuckDBPyConnection, job: str) -> None:
 
 
 def critical_path(con: duckdb.DuckDBPyConnection, job: str, step: int | None = None, *,
-                  window: tuple[int, int] | None = None, include_incomplete: bool = False
-                  ) -> duckdb.DuckDBPyRelation:
+                  window: tuple[int, int] | None = None, include_incomplete: bool = False,
+                  names: bool = True) -> duckdb.DuckDBPyRelation:
     """The critical path of ``job``'s step ``step`` (a job_steps row; every complete one when
     None, every one with ``include_incomplete``; the whole job when it has no ProfilerStep),
     or of an explicit ``window=(start_ns, end_ns)``.
 
     Walks the stored graph (views cp_nodes and edges). The segments are stored in the table
-    ``critical_path`` (see CRITICAL_PATH_DDL; earlier rows of the same job and steps are
-    replaced) and returned as a relation ordered by step and seq."""
+    ``critical_path_segments`` (see CRITICAL_PATH_DDL; earlier rows of the same job and steps
+    are replaced) and returned as a relation over the view ``critical_path`` ordered by step
+    and seq; ``names=False``: over the table, without the column ``name``."""
     wins = _windows(con, job, step, window, include_incomplete)
     walker = PathWalker(_load_graph(con, job))
     g = walker.g
@@ -320,21 +329,21 @@ def critical_path(con: duckdb.DuckDBPyConnection, job: str, step: int | None = N
     con.execute(CRITICAL_PATH_DDL)
     steps = sorted({s for s, _, _ in wins if s is not None})
     where = "step IS NULL" if not steps else f"step IN ({', '.join(map(str, steps))})"
-    con.execute(f"DELETE FROM critical_path WHERE job = ? AND {where}", [job])
+    con.execute(f"DELETE FROM critical_path_segments WHERE job = ? AND {where}", [job])
     con.register("_cp_seg", table)
     try:
         con.execute(f"""
-            INSERT INTO critical_path
-            SELECT $job, s.step, s.seq, s.rank, s.track_id, tr.track_kind, s.eid, a.name,
+            INSERT INTO critical_path_segments
+            SELECT $job, s.step, s.seq, s.rank, s.track_id, tr.track_kind, s.eid,
                    {_SEGMENT_KIND_SQL}[s.kind + 1], {_EDGE_KIND_SQL}[s.edge_kind + 1],
                    s.start_ns, s.end_ns, s.end_ns - s.start_ns
             FROM _cp_seg s
-            LEFT JOIN cp_nodes a ON a.job = $job AND a.rank = s.rank AND a.eid = s.eid
             LEFT JOIN tracks tr ON tr.job = $job AND tr.rank = s.rank
                                AND tr.track_id = s.track_id""", {"job": job})
     finally:
         con.unregister("_cp_seg")
-    return con.sql(f"SELECT * FROM critical_path WHERE job = ? AND {where} ORDER BY step, seq",
+    source = "critical_path" if names else "critical_path_segments"
+    return con.sql(f"SELECT * FROM {source} WHERE job = ? AND {where} ORDER BY step, seq",
                    params=[job])
 
 
@@ -350,7 +359,7 @@ def critical_path_summary(con: duckdb.DuckDBPyConnection, job: str, step: int | 
     Computes the path as ``critical_path`` does (same arguments)."""
     if by not in _SUMMARY_BY:
         raise ValueError(f"by must be one of {sorted(_SUMMARY_BY)}")
-    path = critical_path(con, job, step, window=window)
+    path = critical_path(con, job, step, window=window, names=False)
     cols = _SUMMARY_BY[by]
     return path.query("_cp_path", f"""
         SELECT job, step, {cols}, count(*) AS segments, sum(dur_ns)::BIGINT AS dur_ns,

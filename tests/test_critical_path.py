@@ -147,6 +147,24 @@ def test_path_is_contiguous_and_covers_each_step(con, paths, job: str) -> None:
 
 
 @pytest.mark.parametrize("job", list(MULTI_RANK))
+def test_rows_without_names_are_the_named_rows_less_name(con, job: str) -> None:
+    """names=False (what the CLI's summary reads) gives the stored segments; the view adds
+    each attributed event's name, the one ``events`` has, and nothing else."""
+    bare = critical_path(con, job, names=False)
+    named = critical_path(con, job)
+    assert "name" not in bare.columns
+    assert named.columns == [*bare.columns[:7], "name", *bare.columns[7:]]
+    rows = named.fetchall()
+    assert [r[:7] + r[8:] for r in rows] == bare.fetchall()
+    assert sum(r[6] is not None for r in rows) > 0
+    wrong = con.execute(
+        """SELECT count(*) FROM critical_path p LEFT JOIN events e
+           ON e.job = p.job AND e.rank = p.rank AND e.eid = p.eid
+           WHERE p.job = ? AND p.name IS DISTINCT FROM e.name""", [job]).fetchone()[0]
+    assert wrong == 0
+
+
+@pytest.mark.parametrize("job", list(MULTI_RANK))
 def test_summary_adds_up_to_the_step(con, job: str) -> None:
     steps = dict(con.execute("SELECT step, dur_ns FROM job_steps WHERE job = ? AND complete",
                              [job]).fetchall())

@@ -45,7 +45,8 @@ def critical_path_command(store: Path | str, job: str | None, step: int | None,
         if step is not None and not con.execute(
                 "SELECT 1 FROM steps WHERE job = ? AND step = ?", [job, step]).fetchone():
             raise click.ClickException(f"{store}: job {job} has no ProfilerStep#{step}")
-        rel = critical_path(con, job, step, include_incomplete=include_incomplete)
+        rel = critical_path(con, job, step, include_incomplete=include_incomplete,
+                            names=chrome is not None)  # the trace's only use of names
         report = summarize(job, rel)
         written = None
         if chrome:  # the only use of every segment's row
