@@ -224,7 +224,8 @@ def critical_path_segments(con: duckdb.DuckDBPyConnection, job: str,
     except Exception as err:  # ImportError, or a module that breaks while importing
         return None, f"tracetool.analysis.critical_path is not available ({first_line(err)})"
     try:
-        path = cp.critical_path(con, job, include_incomplete=include_incomplete)
+        path = cp.critical_path(con, job, include_incomplete=include_incomplete,
+                                names=False)  # the summary and the chart need no names
         if not isinstance(path, duckdb.DuckDBPyRelation):  # a frame or rows: into DuckDB
             import pyarrow as pa
 
