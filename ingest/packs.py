@@ -18,6 +18,7 @@ import json
 import os
 import shutil
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from tracetool.packs import (
@@ -107,22 +108,35 @@ def _build(store: Store, job: str, ids: dict[int, list[int]], memory_limit: str,
 def _write(gen: Path, job_dir: Path, ranks: list[int], memory_limit: str, threads: int
            ) -> None:
     """One Parquet file per table: the partitions' rows in rank order (row groups then hold
-    few ranks each, so a filter on rank skips the rest), job and rank as columns."""
-    con = connect(gen, threads, memory_limit)
-    con.execute("SET preserve_insertion_order = true")
-    con.execute("SET enable_progress_bar = false")
-    try:
-        for t in TABLES:
-            files = [f for r in ranks
-                     for f in sorted((job_dir / f"rank={r}" / t.name).glob("*.parquet"))]
-            if not files:
-                continue
+    few ranks each, so a filter on rank skips the rest), job and rank as columns. DuckDB
+    writes an ordered COPY on about one core, so ``threads`` tables are copied at once, the
+    largest first (events alone is about half the bytes), each by a connection of one thread
+    under ``memory_limit`` (as each ingest worker's is: the workers are done by then)."""
+    copies = []
+    for t in TABLES:
+        files = [f for r in ranks
+                 for f in sorted((job_dir / f"rank={r}" / t.name).glob("*.parquet"))]
+        if files:
+            copies.append((sum(f.stat().st_size for f in files), t.name, files))
+    copies.sort(key=lambda c: -c[0])
+
+    def copy(name: str, files: list[Path]) -> None:
+        spill = gen / f".work-{name}"  # the connection's spill directory
+        spill.mkdir()
+        con = connect(spill, 1, memory_limit)
+        try:
+            con.execute("SET preserve_insertion_order = true")
+            con.execute("SET enable_progress_bar = false")
             con.execute(f"COPY (SELECT * FROM read_parquet({path_list(files)}, {HIVE})) "
-                        f"TO {literal(gen / f'{t.name}.parquet')} "
+                        f"TO {literal(gen / f'{name}.parquet')} "
                         "(FORMAT parquet, COMPRESSION zstd, ROW_GROUP_SIZE 122880)")
-    finally:
-        con.close()
-        shutil.rmtree(gen / "duckdb-spill", ignore_errors=True)
+        finally:
+            con.close()
+            shutil.rmtree(spill, ignore_errors=True)
+
+    with ThreadPoolExecutor(max(1, threads), thread_name_prefix="tracetool-pack") as pool:
+        for done in [pool.submit(copy, name, files) for _, name, files in copies]:
+            done.result()  # the first failure, once every copy has stopped
 
 
 def _remove_old(d: Path, keep: set[str]) -> None:

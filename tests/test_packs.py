@@ -146,3 +146,49 @@ def test_a_few_changed_ranks_leave_the_pack_stale_and_say_so_until_tracetool_pac
     assert packs.current_pack(root, "a2a") is not None
     res = CliRunner().invoke(cli, ["pack", str(store), "--job", "nope"])
     assert res.exit_code == 1 and "no job 'nope'; the store holds: a2a" in res.output
+
+
+def test_tables_copied_at_once_hold_the_partitions_rows_in_rank_order(
+        tmp_path: Path, few_ranks: None) -> None:
+    """Two copies at a time (threads=2, the ingest's default here): each pack file is its
+    table's partition files read in rank order, row for row, and the build leaves only the
+    tables' files (no spill directory) in the generation."""
+    import duckdb
+
+    store = tmp_path / "store"
+    ingest([NETLAB / "w4_1gbit"], Options(store, job="w4", workers=2))
+    root = store.resolve()
+    gen = packs.current_pack(root, "w4")
+    assert gen is not None
+    assert {p.name for p in gen.iterdir()} - {packs.SOURCES} == {
+        f"{t.name}.parquet" for t in TABLES if (gen / f"{t.name}.parquet").exists()}
+    con = duckdb.connect()
+    job_dir = root / "data" / "job=w4"
+    for t in ("events", "rank_edges", "collectives", "trace_files"):
+        parts = [f for r in sorted(packs.partition_ids(job_dir))
+                 for f in sorted((job_dir / f"rank={r}" / t).glob("*.parquet"))]
+        listed = ", ".join(f"'{f}'" for f in parts)
+        want = con.execute(f"SELECT * EXCLUDE (job, rank) FROM read_parquet([{listed}], "
+                           "hive_partitioning = true)").fetchall()
+        got = con.execute(f"SELECT * EXCLUDE (job, rank) FROM read_parquet('{gen / t}.parquet')"
+                          ).fetchall()
+        assert got == want and len(got) > 0, t
+
+
+def test_a_failed_copy_fails_the_build_and_leaves_no_generation(
+        tmp_path: Path, few_ranks: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    store = tmp_path / "store"
+    ingest([NETLAB / "w4_1gbit"], Options(store, job="w4", workers=2))
+    root = store.resolve()
+    (root / "packs" / "job=w4" / "current").unlink()  # no pack: the next refresh builds one
+    before = sorted(p.name for p in (root / "packs" / "job=w4").iterdir())
+    real = build.path_list
+
+    def broken(files: list[Path]) -> str:  # the gpu_ops copy reads a file that is not there
+        return real([*files, tmp_path / "gone.parquet"]) if "gpu_ops" in str(files[0]) \
+            else real(files)
+
+    monkeypatch.setattr(build, "path_list", broken)
+    with pytest.raises(Exception, match="gone.parquet"):
+        build.refresh_pack(Store(store), "w4", threads=2)
+    assert sorted(p.name for p in (root / "packs" / "job=w4").iterdir()) == before
