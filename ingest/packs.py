@@ -57,10 +57,11 @@ def pack_status(store: Store, job: str, ids: dict[int, list[int]] | None = None
     return ("current" if changed == 0 else "stale"), changed, len(ids)
 
 
-def refresh_pack(store: Store, job: str, memory_limit: str = "256MB", threads: int = 1,
-                 force: bool = False) -> tuple[str, int, int]:
+def refresh_pack(store: Store, job: str, memory_limit: str = "256MB",
+                 threads: int | None = None, force: bool = False) -> tuple[str, int, int]:
     """Build the job's pack when it has none, or when at least REBUILD_SHARE of its ranks
-    changed since it was built (any change with ``force``). Returns ``pack_status``'s
+    changed since it was built (any change with ``force``), copying ``threads`` tables at
+    once (default: one per core, as the ingest's workers). Returns ``pack_status``'s
     triple, with status 'built' when a new pack was published and 'deferred' when a stale
     one was left (too few ranks changed)."""
     job_dir = store.root.resolve() / "data" / f"job={job}"
@@ -70,7 +71,7 @@ def refresh_pack(store: Store, job: str, memory_limit: str = "256MB", threads: i
         return status, changed, n
     if status == "stale" and not force and changed < REBUILD_SHARE * n:
         return "deferred", changed, n
-    built = _build(store, job, ids, memory_limit, threads)
+    built = _build(store, job, ids, memory_limit, threads or os.cpu_count() or 1)
     return ("built" if built else "stale"), changed, n
 
 
