@@ -46,10 +46,20 @@ class ChartError(RuntimeError):
     """A chart could not be drawn (the message says which and why)."""
 
 
+def drawing_command() -> list[str]:
+    """The drawing process's command line (``ChartDrawer`` says why it is this one)."""
+    return [sys.executable, "-P", __file__]
+
+
 class ChartDrawer:
-    """Draws charts in one child process (``python -m tracetool.analysis.charts``), in the
+    """Draws charts in one child process (``python -P .../analysis/charts.py``), in the
     order given; ``wait`` returns when all are drawn and raises ChartError for the first
     that failed. Where no process can be started, each chart is drawn here, at once.
+
+    The child runs this file as a script rather than ``-m tracetool.analysis.charts``: a
+    module of a package imports the package first, and ``tracetool.analysis`` imports
+    DuckDB and pyarrow (0.1 s of a core the report's queries need); ``-P`` keeps this
+    file's directory off ``sys.path``, so its siblings cannot shadow other modules.
 
     A plain subprocess rather than multiprocessing: a spawned multiprocessing child runs
     the caller's main script again (a user's script without a ``__main__`` guard would
@@ -61,7 +71,7 @@ class ChartDrawer:
         self._sent = 0
         try:
             self._proc: subprocess.Popen[bytes] | None = subprocess.Popen(
-                [sys.executable, "-m", __spec__.name], stdin=subprocess.PIPE,
+                drawing_command(), stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE)
         except OSError:
             self._proc = None

@@ -10,7 +10,7 @@ from __future__ import annotations
 import html
 import importlib
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, is_dataclass
 from pathlib import Path
@@ -99,15 +99,26 @@ def rows(con: duckdb.DuckDBPyConnection, sql: str,
 
 # ---------------------------------------------------------------------------------- the data
 
-def summarize(con: duckdb.DuckDBPyConnection, job: str, include_incomplete: bool = False
-              ) -> dict[str, Any]:
+def summarize(con: duckdb.DuckDBPyConnection, job: str, include_incomplete: bool = False,
+              ready: Callable[[str, dict[str, Any]], None] | None = None) -> dict[str, Any]:
     """What the report shows, as plain JSON-ready data (times in ns). Incomplete steps
-    (docs/steps.md) are left out of the statistics unless ``include_incomplete``."""
+    (docs/steps.md) are left out of the statistics unless ``include_incomplete``.
+    The charted parts (breakdown, top, collectives) are computed first, and ``ready(key,
+    parts so far)`` is told of each as soon as it is known: the report's drawing process
+    starts on them while the rest runs."""
+    has_kernels = con.execute("SELECT count(*) FROM kernels WHERE job = ?",
+                              [job]).fetchone()[0] > 0
+    charted: dict[str, Any] = {}
+    for key, compute in (
+            ("breakdown", lambda: breakdown(con, job, include_incomplete)),
+            ("top", lambda: top_kernels(con, job) if has_kernels else top_cpu_ops(con, job)),
+            ("collectives", lambda: collectives(con, job))):
+        charted[key] = compute()
+        if ready is not None:
+            ready(key, charted)
     files = rows(con, """
         SELECT rank, backend, world_size, device_names FROM trace_files
         WHERE job = ? ORDER BY rank""", [job])
-    has_kernels = con.execute("SELECT count(*) FROM kernels WHERE job = ?",
-                              [job]).fetchone()[0] > 0
     return {
         "job": job,
         "ranks": [f["rank"] for f in files],
@@ -117,9 +128,9 @@ def summarize(con: duckdb.DuckDBPyConnection, job: str, include_incomplete: bool
         "job_steps": job_steps(con, job, include_incomplete),
         "steps": step_stats(con, job, include_incomplete),
         "incomplete_steps": [] if include_incomplete else incomplete_steps(con, job),
-        "breakdown": breakdown(con, job, include_incomplete),
-        "top": top_kernels(con, job) if has_kernels else top_cpu_ops(con, job),
-        "collectives": collectives(con, job),
+        "breakdown": charted["breakdown"],
+        "top": charted["top"],
+        "collectives": charted["collectives"],
         "warnings": collective_warnings(con, job),  # how well collectives matched
     }
 
@@ -424,9 +435,11 @@ def make_report(con: duckdb.DuckDBPyConnection, job: str, out_dir: Path | str,
     # DuckDB releases the GIL while it executes (charts.py says why a process)
     with ChartDrawer() as drawer, con.cursor() as cp_con, ThreadPoolExecutor(1) as pool:
         cp_run = pool.submit(critical_path_segments, cp_con, job, include_incomplete)
-        summary = summarize(con, job, include_incomplete)
+        charts: dict[str, str] = {}
+        summary = summarize(con, job, include_incomplete,
+                            lambda key, parts: _draw_part(con, job, key, parts, out, charts,
+                                                          drawer))
         summary["windows"] = windows  # None: ProfilerSteps; else the --annotation / --window
-        charts = _summary_charts(con, job, summary, out, drawer)
         cp_path, why_not = cp_run.result()
         summary["critical_path"] = (
             {"available": True, "reason": None, **summarize_path(cp_path)}
@@ -468,21 +481,23 @@ def step_timeline(con: duckdb.DuckDBPyConnection, job: str,
     return info
 
 
-def _summary_charts(con: duckdb.DuckDBPyConnection, job: str, summary: dict[str, Any],
-                    out: Path, drawer: ChartDrawer) -> dict[str, str]:
-    """Draw the charts of the summary (breakdown, top, skew): chart -> file name in out."""
-    charts: dict[str, str] = {}
-    if summary["breakdown"]:
-        charts["breakdown"] = "breakdown.png"
-        drawer.draw(draw_breakdown, job, summary["breakdown"],
-                    summary["top"]["what"] == "cpu_ops", out / charts["breakdown"])
-    if summary["top"]["rows"]:
-        charts["top"] = f"top_{summary['top']['what']}.png"  # top_kernels / top_cpu_ops
-        drawer.draw(draw_top, job, summary["top"], out / charts["top"])
-    if summary["collectives"]["instances"]:
+def _draw_part(con: duckdb.DuckDBPyConnection, job: str, key: str, parts: dict[str, Any],
+               out: Path, charts: dict[str, str], drawer: ChartDrawer) -> None:
+    """Draw the charts that the summary's part ``key`` completes (``parts``: those known so
+    far; the breakdown's title needs top's kind), if they have data; ``charts``: chart ->
+    file name in out."""
+    if key == "top":
+        top = parts["top"]
+        if parts["breakdown"]:
+            charts["breakdown"] = "breakdown.png"
+            drawer.draw(draw_breakdown, job, parts["breakdown"], top["what"] == "cpu_ops",
+                        out / charts["breakdown"])
+        if top["rows"]:
+            charts["top"] = f"top_{top['what']}.png"  # top_kernels / top_cpu_ops
+            drawer.draw(draw_top, job, top, out / charts["top"])
+    elif key == "collectives" and parts["collectives"]["instances"]:
         charts["collective_skew"] = "collective_skew.png"
         drawer.draw(draw_skew, job, *skew_grid(con, job), out / charts["collective_skew"])
-    return charts
 
 
 def _short(name: str, width: int = NAME_WIDTH) -> str:

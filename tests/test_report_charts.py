@@ -5,6 +5,7 @@ it again)."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -12,7 +13,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tracetool.analysis.charts import ChartDrawer, ChartError, draw_skew, draw_top
+from tracetool.analysis.charts import (
+    ChartDrawer,
+    ChartError,
+    draw_skew,
+    draw_top,
+    drawing_command,
+)
 from tracetool.ingest.pipeline import Options, ingest
 
 from ._util import REPO, SAMPLES, run
@@ -32,6 +39,18 @@ def test_a_chart_drawn_in_the_child_equals_one_drawn_here(tmp_path: Path) -> Non
         d.draw(draw_skew, "j", [0, 1], grid, tmp_path / "child.png")
         d.wait()
     assert (tmp_path / "child.png").read_bytes() == (tmp_path / "here.png").read_bytes()
+
+
+def test_the_drawing_process_starts_without_duckdb_or_pyarrow() -> None:
+    """It draws from plain data, so it must not pay for the store's libraries (0.1 s of
+    a core the report's queries need): Python lists each module it imports on stderr."""
+    env = {**os.environ, "PYTHONPROFILEIMPORTTIME": "1"}
+    proc = subprocess.run(drawing_command(), stdin=subprocess.DEVNULL, capture_output=True,
+                          text=True, env=env, timeout=120, check=True)
+    imported = {line.rsplit("|", 1)[-1].strip() for line in proc.stderr.splitlines()
+                if line.startswith("import time:")}
+    assert "matplotlib.figure" in imported  # the child did start and import its charting
+    assert not {m for m in imported if m.split(".")[0] in ("duckdb", "pyarrow", "polars")}
 
 
 def test_a_failing_chart_is_one_error_naming_it(tmp_path: Path) -> None:
