@@ -13,6 +13,8 @@ from pathlib import Path
 
 import duckdb
 import msgspec
+import pyarrow as pa
+import pyarrow.compute as pc
 
 PATH_TID = 2_000_000_000  # the "critical path" thread of each rank's process
 
@@ -47,31 +49,78 @@ ORDER BY rank, ts_ns, eid
 """
 
 
-def write_path_trace(con: duckdb.DuckDBPyConnection, job: str, segments: list[dict],
+# The path's segments as JSON text, built in DuckDB over the Arrow table of them registered
+# as _path_trace_segments (critical_path's columns; ``{missing}`` adds the optional ones it
+# lacks): each segment's slice on its rank's "critical path" thread, then, when the next
+# segment is of the same step, a flow arrow from this segment's start to the next one's (id:
+# the segment's position in (step, seq) order). ``n``: the trace events a row holds (1, or 3
+# with the arrow).
+_SEGMENTS_JSON = f"""
+WITH s AS (
+    SELECT *, row_number() OVER w - 1 AS i, lead(seq) OVER w IS NOT NULL
+               AND lead(step) OVER w IS NOT DISTINCT FROM step AS arrow,
+           lead(rank) OVER w AS next_rank, lead(start_ns) OVER w AS next_start_ns
+    FROM (SELECT * {{missing}} FROM _path_trace_segments) WINDOW w AS (ORDER BY step, seq))
+SELECT '{{"ph":"X","cat":"critical_path","name":'
+       || to_json(CASE WHEN coalesce(name, '') <> '' THEN kind || ': ' || name ELSE kind END)
+       || ',"pid":' || coalesce(rank::VARCHAR, 'null') || ',"tid":{PATH_TID},"ts":'
+       || {_us_sql("(start_ns - $t0)")} || ',"dur":' || {_us_sql("(end_ns - start_ns)")}
+       || ',"args":{{"step":' || coalesce(step::VARCHAR, 'null') || ',"seq":' || seq
+       || ',"eid":' || coalesce(eid::VARCHAR, 'null')
+       || ',"track_id":' || coalesce(track_id::VARCHAR, 'null')
+       || ',"edge_kind":' || coalesce(to_json(edge_kind), 'null') || '}}}}'
+       || CASE WHEN arrow THEN
+            ',' || chr(10) || '{{"ph":"s","cat":"critical_path","name":"critical_path",'
+            || '"id":' || i
+            || ',"pid":' || coalesce(rank::VARCHAR, 'null') || ',"tid":{PATH_TID},"ts":'
+            || {_us_sql("(start_ns - $t0)")} || '}}'
+            || ',' || chr(10) || '{{"ph":"f","bp":"e","cat":"critical_path",'
+            || '"name":"critical_path","id":' || i
+            || ',"pid":' || coalesce(next_rank::VARCHAR, 'null')
+            || ',"tid":{PATH_TID},"ts":' || {_us_sql("(next_start_ns - $t0)")} || '}}'
+          ELSE '' END AS text,
+       CASE WHEN arrow THEN 3 ELSE 1 END AS n
+FROM s ORDER BY i
+"""
+
+
+# segment columns the trace can do without (a window's path has no step, idle time no event)
+_OPTIONAL = {"step": "INTEGER", "eid": "BIGINT", "track_id": "INTEGER", "edge_kind": "VARCHAR",
+             "name": "VARCHAR"}
+
+
+def write_path_trace(con: duckdb.DuckDBPyConnection, job: str, segments: pa.Table,
                      out: Path, ranks: list[int] | None = None) -> int:
-    """Write ``out`` (atomically); returns the number of trace events written. ``ranks``:
-    the ranks whose events to include besides those the path runs on (default: all)."""
-    if not segments:
+    """Write ``out`` (atomically); returns the number of trace events written. ``segments``:
+    rows of the critical_path view, in any order (rank, seq, kind, start_ns and end_ns
+    needed; without ``name`` a slice is named by its kind alone). ``ranks``: the ranks whose
+    events to include besides those the path runs on (default: all). Every event is built
+    as JSON text in DuckDB: a whole trace's path is hundreds of thousands of segments."""
+    if not segments.num_rows:
         raise ValueError("no critical path segments to write")
-    t0 = min(s["start_ns"] for s in segments)
-    t1 = max(s["end_ns"] for s in segments)
+    t0, t1 = pc.min(segments["start_ns"]).as_py(), pc.max(segments["end_ns"]).as_py()
     if ranks is None:
         ranks = [r for (r,) in con.execute("SELECT DISTINCT rank FROM trace_files "
                                            "WHERE job = ?", [job]).fetchall()]
-    ranks = sorted({s["rank"] for s in segments if s["rank"] is not None} | set(ranks))
+    on_path = pc.unique(segments["rank"].drop_null()).to_pylist()
+    ranks = sorted(set(on_path) | set(ranks))
     out.parent.mkdir(parents=True, exist_ok=True)  # as report's --out: made when missing
     tmp = out.with_name(out.name + ".tmp")
     n = 0
-    encode = msgspec.json.Encoder().encode  # ~10x json.dumps, on tens of thousands of events
+    encode = msgspec.json.Encoder().encode
     with open(tmp, "wb") as f:
         f.write(b'{"displayTimeUnit": "ns", "traceEvents": [\n')
         first = True
 
-        def emit(ev: dict) -> None:
+        def write(texts: list[str], events: int) -> None:
             nonlocal first, n
-            f.write((b"" if first else b",\n") + encode(ev))
-            first = False
-            n += 1
+            if texts:
+                f.write((b"" if first else b",\n") + ",\n".join(texts).encode())
+                first = False
+                n += events
+
+        def emit(ev: dict) -> None:
+            write([encode(ev).decode()], 1)
 
         for r in ranks:
             emit({"ph": "M", "name": "process_name", "pid": r, "args": {"name": f"rank {r}"}})
@@ -89,25 +138,16 @@ def write_path_trace(con: duckdb.DuckDBPyConnection, job: str, segments: list[di
         reader = con.sql(_EVENTS_JSON, params={"job": job, "t0": t0, "t1": t1, "ranks": ranks}
                          ).to_arrow_reader(50_000)
         for batch in reader:
-            texts = batch.column(0).to_pylist()
-            if texts:
-                f.write((b"" if first else b",\n") + ",\n".join(texts).encode())
-                first = False
-                n += len(texts)
-        for i, s in enumerate(segments):
-            label = f"{s['kind']}: {s['name']}" if s.get("name") else s["kind"]
-            emit({"ph": "X", "cat": "critical_path", "name": label, "pid": s["rank"],
-                  "tid": PATH_TID, "ts": float(_us(s["start_ns"], t0)),
-                  "dur": float(_us(s["end_ns"] - s["start_ns"], 0)),
-                  "args": {"step": s.get("step"), "seq": s["seq"], "eid": s.get("eid"),
-                           "track_id": s.get("track_id"), "edge_kind": s.get("edge_kind")}})
-            if i + 1 < len(segments) and segments[i + 1].get("step") == s.get("step"):
-                nxt = segments[i + 1]
-                emit({"ph": "s", "cat": "critical_path", "name": "critical_path", "id": i,
-                      "pid": s["rank"], "tid": PATH_TID, "ts": float(_us(s["start_ns"], t0))})
-                emit({"ph": "f", "bp": "e", "cat": "critical_path", "name": "critical_path",
-                      "id": i, "pid": nxt["rank"], "tid": PATH_TID,
-                      "ts": float(_us(nxt["start_ns"], t0))})
+            write(batch.column(0).to_pylist(), batch.num_rows)
+        missing = "".join(f", NULL::{t} AS {c}" for c, t in _OPTIONAL.items()
+                          if c not in segments.column_names)
+        sql = _SEGMENTS_JSON.replace("{missing}", missing).replace("$t0", str(int(t0)))
+        con.register("_path_trace_segments", segments)
+        try:
+            for batch in con.sql(sql).to_arrow_reader(50_000):
+                write(batch.column(0).to_pylist(), sum(batch.column(1).to_pylist()))
+        finally:
+            con.unregister("_path_trace_segments")
         f.write(b"\n]}\n")
     os.replace(tmp, out)
     return n

@@ -473,10 +473,9 @@ def step_timeline(con: duckdb.DuckDBPyConnection, job: str,
     info = {"step": choice.step, "ranks": choice.ranks, "slowest_because": choice.why,
             "start_ns": choice.start_ns, "end_ns": choice.end_ns, "perfetto": None}
     if cp_path is not None:
-        rel = cp_path.filter(f"step = {choice.step}")
-        segs = [dict(zip(rel.columns, r, strict=True)) for r in rel.fetchall()]
-        if segs:
-            write_path_trace(con, job, segs, out / "step_timeline.json", choice.ranks)
+        segments = cp_path.filter(f"step = {choice.step}").to_arrow_table()
+        if segments.num_rows:
+            write_path_trace(con, job, segments, out / "step_timeline.json", choice.ranks)
             info["perfetto"] = "step_timeline.json"
     return info
 

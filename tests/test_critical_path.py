@@ -403,6 +403,24 @@ def test_critical_path_cli_json_and_chrome_trace(tmp_path: Path) -> None:
     assert len(starts) == len(segs) - len(rep["steps"])  # one arrow between neighbours
     assert {e["pid"] for e in segs} <= {0, 1}
     assert rep["chrome_trace"]["events"] == len(evs)
+    # every slice and arrow against the path computed here, row by row (times: us from the
+    # path's start, exact to the ns)
+    con = tracetool.connect(store)
+    rel = critical_path(con, rep["job"])
+    rows = [dict(zip(rel.columns, r, strict=True)) for r in rel.fetchall()]
+    t0 = min(r["start_ns"] for r in rows)
+    assert [(e["name"], e["pid"], round(e["ts"] * 1000), round(e["dur"] * 1000),
+             e["args"]) for e in segs] == [
+        (f"{r['kind']}: {r['name']}" if r["name"] else r["kind"], r["rank"],
+         r["start_ns"] - t0, r["dur_ns"],
+         {k: r[k] for k in ("step", "seq", "eid", "track_id", "edge_kind")}) for r in rows]
+    pairs = [(i, a, b) for i, (a, b) in enumerate(zip(rows, rows[1:])) if a["step"] == b["step"]]
+    ends = [e for e in evs if e["ph"] == "f"]
+    assert [(e["id"], e["pid"], round(e["ts"] * 1000)) for e in starts] == [
+        (i, a["rank"], a["start_ns"] - t0) for i, a, _ in pairs]
+    assert [(e["id"], e["pid"], round(e["ts"] * 1000)) for e in ends] == [
+        (i, b["rank"], b["start_ns"] - t0) for i, _, b in pairs]
+    con.close()
     # bad input: one line, exit 1
     r = subprocess.run([sys.executable, "-m", "tracetool", "critical-path", str(store),
                         "--step", "99"], capture_output=True, text=True, timeout=300)

@@ -49,10 +49,8 @@ def critical_path_command(store: Path | str, job: str | None, step: int | None,
                             names=chrome is not None)  # the trace's only use of names
         report = summarize(job, rel)
         written = None
-        if chrome:  # the only use of every segment's row
-            cols = rel.columns
-            segs = [dict(zip(cols, r, strict=True)) for r in rel.fetchall()]
-            written = write_path_trace(con, job, segs, chrome)
+        if chrome:
+            written = write_path_trace(con, job, rel.to_arrow_table(), chrome)
         con.close()
     except (click.ClickException, duckdb.Error, OSError, ValueError) as err:
         fail_for(store, err)
