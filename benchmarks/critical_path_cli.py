@@ -9,13 +9,14 @@ benchmarks/analysis.py). Ingest is not timed. Each run starts, per store and in 
     tracetool sql STORE "SELECT count(*) FROM events" --format json   # baseline: start-up
     tracetool critical-path STORE --json
     tracetool report STORE --out DIR --json
+    tracetool critical-path STORE --json --chrome-trace FILE          # the Perfetto export
 
 as subprocesses (wall time), so every figure includes Python's start-up, the imports and
 building the graph, as a user sees it. Prints the median of --runs (and the range), the
 critical path's events/s, `critical-path` less the bare `sql` run (the fixed start-up cost
-left out), and the report / critical-path ratio. A second baseline, in this process on the
-1M-event rank: summarising the stored path the old way (fetch every segment, one Python
-loop) against the one SQL query the CLI now runs.
+left out), and the report / critical-path and export / critical-path ratios. A second
+baseline, in this process on the 1M-event rank: summarising the stored path the old way
+(fetch every segment, one Python loop) against the one SQL query the CLI now runs.
 
     python benchmarks/critical_path_cli.py [--size 420MB] [--steps 40] [--runs 5] [--json]
 """
@@ -42,7 +43,7 @@ from tracetool.analysis.critical_path import critical_path  # noqa: E402
 from tracetool.cli.critical_path import summarize  # noqa: E402
 from tracetool.analysis.connect import connect  # noqa: E402
 
-COMMANDS = ("sql", "critical-path", "report")
+COMMANDS = ("sql", "critical-path", "report", "chrome-trace")
 
 
 def tracetool(args: list[str], cwd: Path) -> tuple[float, str]:
@@ -62,6 +63,8 @@ def run_store(store: Path, runs: int, work: Path) -> dict:
         "sql": ["sql", str(store), "SELECT count(*) AS n FROM events", "--format", "json"],
         "critical-path": ["critical-path", str(store), "--json"],
         "report": ["report", str(store), "--out", str(work / "report"), "--json"],
+        "chrome-trace": ["critical-path", str(store), "--json", "--chrome-trace",
+                         str(work / "path.json")],
     }
     times: dict[str, list[float]] = {c: [] for c in COMMANDS}
     outs: dict[str, str] = {}
@@ -81,6 +84,8 @@ def run_store(store: Path, runs: int, work: Path) -> dict:
         "events_per_s": events / med["critical-path"],
         "events_per_s_less_startup": events / (med["critical-path"] - med["sql"]),
         "report_vs_critical_path": med["report"] / med["critical-path"],
+        "chrome_trace_events": json.loads(outs["chrome-trace"])["chrome_trace"]["events"],
+        "chrome_trace_vs_critical_path": med["chrome-trace"] / med["critical-path"],
     }
 
 
@@ -160,6 +165,8 @@ def main() -> None:
         print(f"  critical-path: {r['events_per_s']:,.0f} events/s "
               f"({r['events_per_s_less_startup']:,.0f} less the bare sql run)")
         print(f"  report / critical-path: {r['report_vs_critical_path']:.2f}x")
+        print(f"  chrome-trace ({r['chrome_trace_events']:,} trace events) / critical-path: "
+              f"{r['chrome_trace_vs_critical_path']:.2f}x")
     b = res["summary_baseline"]
     if b:
         print(f"summary of the stored path ({b['segments']:,} segments): fetch + Python loop "
