@@ -8,6 +8,7 @@ exactly. The HTA critical-path fixtures are compared with the numbers HTA 0.5.0 
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import duckdb
@@ -414,7 +415,8 @@ def test_critical_path_cli_json_and_chrome_trace(tmp_path: Path) -> None:
         (f"{r['kind']}: {r['name']}" if r["name"] else r["kind"], r["rank"],
          r["start_ns"] - t0, r["dur_ns"],
          {k: r[k] for k in ("step", "seq", "eid", "track_id", "edge_kind")}) for r in rows]
-    pairs = [(i, a, b) for i, (a, b) in enumerate(zip(rows, rows[1:])) if a["step"] == b["step"]]
+    pairs = [(i, a, b) for i, (a, b) in enumerate(itertools.pairwise(rows))
+             if a["step"] == b["step"]]
     ends = [e for e in evs if e["ph"] == "f"]
     assert [(e["id"], e["pid"], round(e["ts"] * 1000)) for e in starts] == [
         (i, a["rank"], a["start_ns"] - t0) for i, a, _ in pairs]
