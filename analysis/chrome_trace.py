@@ -19,17 +19,15 @@ import pyarrow.compute as pc
 PATH_TID = 2_000_000_000  # the "critical path" thread of each rank's process
 
 
-def _us(ns: int, t0: int) -> str:
-    """ns after t0 as microsecond text with three decimals; float() of it prints back the
-    same digits (well under 16 significant digits), so the ns survive the round trip."""
-    d = ns - t0
-    sign = "-" if d < 0 else ""
-    d = abs(d)
-    return f"{sign}{d // 1000}.{d % 1000:03d}"
+def us_text(ns: int) -> str:
+    """ns as microsecond text with three decimals; float() of it prints back the same digits
+    (well under 16 significant digits), so the ns survive the round trip."""
+    sign = "-" if ns < 0 else ""
+    return f"{sign}{abs(ns) // 1000}.{abs(ns) % 1000:03d}"
 
 
-def _us_sql(ns: str) -> str:
-    """SQL for ``_us``: ns as microsecond text with three decimals (a JSON number)."""
+def us_sql(ns: str) -> str:
+    """SQL for ``us_text``: ns as microsecond text with three decimals (a JSON number)."""
     return (f"(CASE WHEN {ns} < 0 THEN '-' ELSE '' END || abs({ns}) // 1000 || '.' || "
             f"lpad((abs({ns}) % 1000)::VARCHAR, 3, '0'))")
 
@@ -39,8 +37,8 @@ def _us_sql(ns: str) -> str:
 _EVENTS_JSON = f"""
 SELECT '{{"ph":' || to_json(ph) || ',"cat":' || to_json(coalesce(cat, ''))
        || ',"name":' || to_json(coalesce(name, '')) || ',"pid":' || rank
-       || ',"tid":' || track_id || ',"ts":' || {_us_sql("(ts_ns - $t0)")}
-       || CASE WHEN ph = 'X' THEN ',"dur":' || {_us_sql("coalesce(dur_ns, 0)")}
+       || ',"tid":' || track_id || ',"ts":' || {us_sql("(ts_ns - $t0)")}
+       || CASE WHEN ph = 'X' THEN ',"dur":' || {us_sql("coalesce(dur_ns, 0)")}
                ELSE ',"s":"t"' END
        || ',"args":{{"eid":' || eid || '}}}}'
 FROM events WHERE job = $job AND ph IN ('X', 'i') AND ts_ns <= $t1 AND end_ns >= $t0
@@ -64,7 +62,7 @@ WITH s AS (
 SELECT '{{"ph":"X","cat":"critical_path","name":'
        || to_json(CASE WHEN coalesce(name, '') <> '' THEN kind || ': ' || name ELSE kind END)
        || ',"pid":' || coalesce(rank::VARCHAR, 'null') || ',"tid":{PATH_TID},"ts":'
-       || {_us_sql("(start_ns - $t0)")} || ',"dur":' || {_us_sql("(end_ns - start_ns)")}
+       || {us_sql("(start_ns - $t0)")} || ',"dur":' || {us_sql("(end_ns - start_ns)")}
        || ',"args":{{"step":' || coalesce(step::VARCHAR, 'null') || ',"seq":' || seq
        || ',"eid":' || coalesce(eid::VARCHAR, 'null')
        || ',"track_id":' || coalesce(track_id::VARCHAR, 'null')
@@ -73,11 +71,11 @@ SELECT '{{"ph":"X","cat":"critical_path","name":'
             ',' || chr(10) || '{{"ph":"s","cat":"critical_path","name":"critical_path",'
             || '"id":' || i
             || ',"pid":' || coalesce(rank::VARCHAR, 'null') || ',"tid":{PATH_TID},"ts":'
-            || {_us_sql("(start_ns - $t0)")} || '}}'
+            || {us_sql("(start_ns - $t0)")} || '}}'
             || ',' || chr(10) || '{{"ph":"f","bp":"e","cat":"critical_path",'
             || '"name":"critical_path","id":' || i
             || ',"pid":' || coalesce(next_rank::VARCHAR, 'null')
-            || ',"tid":{PATH_TID},"ts":' || {_us_sql("(next_start_ns - $t0)")} || '}}'
+            || ',"tid":{PATH_TID},"ts":' || {us_sql("(next_start_ns - $t0)")} || '}}'
           ELSE '' END AS text,
        CASE WHEN arrow THEN 3 ELSE 1 END AS n
 FROM s ORDER BY i

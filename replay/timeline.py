@@ -5,24 +5,77 @@ rank, named as in the source trace; every event of the replay graph at its proje
 and duration, with its measured start and duration in args; and a "critical path
 (projected)" thread per rank with the projected path's segments, linked by flow arrows.
 Times are microseconds from the first projected step's start, three decimals (exact ns).
+
+The slices and the path (a 1M-event rank: a million slices, ~250k segments) are JSON text
+built by DuckDB from Arrow tables of the graph's arrays, named from ``cp_nodes`` in the same
+query, and streamed to the file: no Python object per event.
 """
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, BinaryIO
 
 import duckdb
 import msgspec
 import numpy as np
+import pyarrow as pa
 
-from tracetool.analysis.chrome_trace import PATH_TID
+from tracetool.analysis.chrome_trace import PATH_TID, us_sql, us_text
+from tracetool.analysis.critical_path import SEGMENT_KINDS
 
-from .graph import ReplayGraph
+from .graph import NO_STEP, ReplayGraph
 
 if TYPE_CHECKING:
     from .run import ReplayResult
+
+BATCH = 50_000  # JSON texts per Arrow batch written
+
+# every replayed event at its projected time (ts, dur) and its measured one (mts, mdur), all
+# ns from the trace's t0; ``i``: the order of the slices in the file
+_SLICES_JSON = f"""
+SELECT '{{"ph":"X","name":' || to_json(coalesce(n.name, '?')) || ',"pid":' || s.rank
+       || ',"tid":' || s.track || ',"ts":' || {us_sql("s.ts")} || ',"dur":'
+       || {us_sql("s.dur")} || ',"cat":"' || CASE WHEN s.is_gpu THEN 'gpu' ELSE 'cpu' END
+       || '","args":{{"eid":' || s.eid || ',"measured_ts_us":' || {us_sql("s.mts")}
+       || ',"measured_dur_us":' || {us_sql("s.mdur")} || '}}}}'
+FROM _projected_slices s
+LEFT JOIN cp_nodes n ON n.job = $job AND n.rank = s.rank AND n.eid = s.eid
+ORDER BY s.i
+"""
+
+# the projected path: a segment without a rank (filler) is drawn on the rank of the segment
+# before it (the first rank at the start); consecutive segments of a step are linked by a
+# flow arrow from this one's start to the next one's (id: the segment's position)
+_PATH_JSON = f"""
+WITH p AS (
+    SELECT *, coalesce(last_value(rank IGNORE NULLS) OVER
+                       (ORDER BY i ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW),
+                       $first_rank) AS lane
+    FROM _projected_path),
+s AS (
+    SELECT p.*, n.name, lead(i) OVER w IS NOT NULL
+                        AND lead(step) OVER w IS NOT DISTINCT FROM step AS arrow,
+           lead(lane) OVER w AS next_lane, lead(ts) OVER w AS next_ts
+    FROM p LEFT JOIN cp_nodes n ON n.job = $job AND n.rank = p.lane AND n.eid = p.eid
+    WINDOW w AS (ORDER BY i))
+SELECT '{{"ph":"X","cat":"critical_path","pid":' || lane || ',"tid":{PATH_TID},"name":'
+       || to_json(CASE WHEN coalesce(name, '') <> '' THEN kind || ': ' || name
+                       ELSE kind END)
+       || ',"ts":' || {us_sql("ts")} || ',"dur":' || {us_sql("dur")}
+       || ',"args":{{"step":' || coalesce(step::VARCHAR, 'null') || ',"seq":' || seq
+       || ',"eid":' || coalesce(eid::VARCHAR, 'null') || '}}}}'
+       || CASE WHEN arrow THEN
+            ',' || chr(10) || '{{"ph":"s","cat":"critical_path","name":"critical_path",'
+            || '"id":' || i || ',"pid":' || lane || ',"tid":{PATH_TID},"ts":'
+            || {us_sql("ts")} || '}}'
+            || ',' || chr(10) || '{{"ph":"f","bp":"e","cat":"critical_path",'
+            || '"name":"critical_path","id":' || i || ',"pid":' || next_lane
+            || ',"tid":{PATH_TID},"ts":' || {us_sql("next_ts")} || '}}'
+          ELSE '' END
+FROM s ORDER BY i
+"""
 
 
 def write_projected_trace(con: duckdb.DuckDBPyConnection, graph: ReplayGraph,
@@ -30,78 +83,97 @@ def write_projected_trace(con: duckdb.DuckDBPyConnection, graph: ReplayGraph,
     """Write ``out`` atomically; returns the number of slice events written."""
     g = graph
     ev = np.flatnonzero(g.rank[:g.n_event_slots] >= 0)
-    names = con.execute(
-        "SELECT rank, eid, name FROM cp_nodes WHERE job = ?", [g.job]).fetchnumpy()
-    name_of = {(int(r), int(e)): n for r, e, n in
-               zip(names["rank"], names["eid"], names["name"], strict=True)}
-    tracks = con.execute(
-        """SELECT rank, track_id, track_kind, coalesce(thread_name, tid_raw) AS tname,
-                  pid_raw FROM tracks WHERE job = ?""", [g.job]).fetchall()
     t = result.times_ns
     t0 = min((s.start_ns for s in result.steps), default=int(t[2 * ev].min()))
-    events: list[dict] = []
-    for r in g.ranks.tolist():
-        events.append({"ph": "M", "name": "process_name", "pid": r, "tid": 0,
-                       "args": {"name": f"rank {r} (projected: {result.scenario})"}})
-    for r, tid, kind, tname, pid_raw in tracks:
+    # measured times as integers before the origin is added: float64 cannot hold ns since
+    # the epoch (its step there is 256 ns)
+    measured = np.rint(g.t0).astype(np.int64) + (g.origin_ns - t0)
+    start, end = t[2 * ev] - t0, t[2 * ev + 1] - t0
+    slices = pa.table({
+        "i": np.arange(len(ev)), "rank": g.rank[ev], "eid": g.eid[ev], "track": g.track[ev],
+        "is_gpu": g.is_gpu[ev].astype(bool), "ts": start, "dur": end - start,
+        "mts": measured[2 * ev], "mdur": measured[2 * ev + 1] - measured[2 * ev]})
+    first_rank = int(g.ranks[0])
+    path = _path_table(result, t0)
+    tmp = out.with_name(out.name + ".tmp")
+    with open(tmp, "wb") as f:
+        f.write(b'{"displayTimeUnit":"ns","traceEvents":[\n')
+        _write_json(f, _names(con, g, result), first=True)
+        params = {"job": g.job}
+        _stream(con, f, "_projected_slices", slices, _SLICES_JSON, params)
+        _write_json(f, [{"ph": "i", "s": "g", "name": f"projected step {st.step} end",
+                         "pid": first_rank, "tid": 0, "ts": float(us_text(st.end_ns - t0))}
+                        for st in result.steps])
+        _write_json(f, _path_threads(path, first_rank))
+        _stream(con, f, "_projected_path", path, _PATH_JSON,
+                {**params, "first_rank": first_rank})
+        f.write(b'\n],"otherData":' + msgspec.json.encode(
+            {"scenario": result.scenario, "job": g.job}) + b"}")
+    os.replace(tmp, out)
+    return len(ev)
+
+
+def _names(con: duckdb.DuckDBPyConnection, g: ReplayGraph, result: ReplayResult
+           ) -> list[dict]:
+    """The processes' and threads' names."""
+    events: list[dict] = [{"ph": "M", "name": "process_name", "pid": r, "tid": 0,
+                           "args": {"name": f"rank {r} (projected: {result.scenario})"}}
+                          for r in g.ranks.tolist()]
+    for r, tid, kind, tname, pid_raw in con.execute(
+            """SELECT rank, track_id, track_kind, coalesce(thread_name, tid_raw) AS tname,
+                      pid_raw FROM tracks WHERE job = ?""", [g.job]).fetchall():
         label = f"{'stream' if kind == 'gpu_stream' else 'thread'} {tname} (pid {pid_raw})"
         events.append({"ph": "M", "name": "thread_name", "pid": r, "tid": tid,
                        "args": {"name": label}})
-    start, end = t[2 * ev], t[2 * ev + 1]
-    m_start, m_end = g.t0[2 * ev] + g.origin_ns, g.t0[2 * ev + 1] + g.origin_ns
-    n = 0
-    for i, s in enumerate(ev.tolist()):
-        r, e = int(g.rank[s]), int(g.eid[s])
-        events.append({
-            "ph": "X", "name": name_of.get((r, e), "?"), "pid": r, "tid": int(g.track[s]),
-            "ts": _us(int(start[i]) - t0), "dur": _us(int(end[i] - start[i])),
-            "cat": "gpu" if g.is_gpu[s] else "cpu",
-            "args": {"eid": e, "measured_ts_us": _us(int(m_start[i]) - t0),
-                     "measured_dur_us": _us(int(m_end[i] - m_start[i]))}})
-        n += 1
-    for st in result.steps:
-        events.append({"ph": "i", "s": "g", "name": f"projected step {st.step} end",
-                       "pid": int(g.ranks[0]), "tid": 0, "ts": _us(st.end_ns - t0)})
-    events += _path_events(result, name_of, int(g.ranks[0]), t0)
-    doc = {"displayTimeUnit": "ns", "traceEvents": events,
-           "otherData": {"scenario": result.scenario, "job": g.job}}
-    tmp = out.with_name(out.name + ".tmp")
-    tmp.write_bytes(msgspec.json.encode(doc))
-    os.replace(tmp, out)
-    return n
+    return events
 
 
-def _path_events(result: ReplayResult, name_of: dict, first_rank: int, t0: int) -> list[dict]:
-    """The projected critical path as a "critical path (projected)" thread of each rank,
-    consecutive segments of a step linked by flow arrows (as `tracetool critical-path
-    --chrome-trace` draws the measured one)."""
-    out: list[dict] = []
-    ranks = {s["rank"] for s in result.path if s["rank"] is not None} or {first_rank}
-    for r in sorted(ranks):
-        out.append({"ph": "M", "name": "thread_name", "pid": r, "tid": PATH_TID,
-                    "args": {"name": "critical path (projected)"}})
-        out.append({"ph": "M", "name": "thread_sort_index", "pid": r, "tid": PATH_TID,
-                    "args": {"sort_index": -1}})
-    prev_rank = first_rank
-    segs = result.path
-    for i, s in enumerate(segs):
-        rank = s["rank"] if s["rank"] is not None else prev_rank
-        name = name_of.get((rank, s["eid"])) if s["eid"] is not None else None
-        out.append({"ph": "X", "cat": "critical_path", "pid": rank, "tid": PATH_TID,
-                    "name": f"{s['kind']}: {name}" if name else s["kind"],
-                    "ts": _us(s["start_ns"] - t0), "dur": _us(s["end_ns"] - s["start_ns"]),
-                    "args": {"step": s["step"], "seq": s["seq"], "eid": s["eid"]}})
-        if i + 1 < len(segs) and segs[i + 1]["step"] == s["step"]:
-            nxt = segs[i + 1]["rank"] if segs[i + 1]["rank"] is not None else rank
-            out.append({"ph": "s", "cat": "critical_path", "name": "critical_path", "id": i,
-                        "pid": rank, "tid": PATH_TID, "ts": _us(s["start_ns"] - t0)})
-            out.append({"ph": "f", "bp": "e", "cat": "critical_path", "name": "critical_path",
-                        "id": i, "pid": nxt, "tid": PATH_TID,
-                        "ts": _us(segs[i + 1]["start_ns"] - t0)})
-        prev_rank = rank
-    return out
+def _path_threads(path: pa.Table, first_rank: int) -> list[dict]:
+    """The "critical path (projected)" thread of each rank the path runs on."""
+    events = []
+    for r in sorted(set(path["rank"].drop_null().to_pylist()) or {first_rank}):
+        events.append({"ph": "M", "name": "thread_name", "pid": r, "tid": PATH_TID,
+                       "args": {"name": "critical path (projected)"}})
+        events.append({"ph": "M", "name": "thread_sort_index", "pid": r, "tid": PATH_TID,
+                       "args": {"sort_index": -1}})
+    return events
 
 
-def _us(ns: int) -> float:
-    """ns as microseconds; a float keeps the ns exactly below 2**53 / 1000 us (104 days)."""
-    return round(ns / 1000, 3)
+def _path_table(result: ReplayResult, t0: int) -> pa.Table:
+    """The projected path's segments (``ReplayResult.path_arrays``) as an Arrow table: step
+    and rank NULL where there is none, eid NULL for idle time, kind by name, times from t0."""
+    a = result.path_arrays
+    if not a or not len(a["seq"]):
+        return pa.table({"i": pa.array([], pa.int64()), "step": pa.array([], pa.int64()),
+                         "seq": pa.array([], pa.int64()), "rank": pa.array([], pa.int64()),
+                         "eid": pa.array([], pa.int64()), "kind": pa.array([], pa.string()),
+                         "ts": pa.array([], pa.int64()), "dur": pa.array([], pa.int64())})
+    start = np.asarray(a["start_ns"], dtype=np.int64) - t0
+    return pa.table({
+        "i": np.arange(len(a["seq"])),
+        "step": pa.array(a["step"], mask=a["step"] == NO_STEP, type=pa.int64()),
+        "seq": a["seq"],
+        "rank": pa.array(a["rank"], mask=a["rank"] < 0, type=pa.int64()),
+        "eid": pa.array(a["eid"], mask=a["eid"] < 0, type=pa.int64()),
+        "kind": pa.array(SEGMENT_KINDS).take(pa.array(a["kind"], type=pa.int64())),
+        "ts": start, "dur": np.asarray(a["end_ns"], dtype=np.int64) - t0 - start})
+
+
+def _write_json(f: BinaryIO, events: list[dict], first: bool = False) -> None:
+    """Append ``events`` to the trace's event array in ``f``."""
+    if events:
+        text = b",\n".join(msgspec.json.encode(e) for e in events)
+        f.write(text if first else b",\n" + text)
+
+
+def _stream(con: duckdb.DuckDBPyConnection, f: BinaryIO, name: str, table: pa.Table,
+            sql: str, params: dict) -> None:
+    """Append the JSON texts ``sql`` makes of ``table`` (registered as ``name``) to ``f``."""
+    con.register(name, table)
+    try:
+        for batch in con.sql(sql, params=params).to_arrow_reader(BATCH):
+            texts = batch.column(0).to_pylist()
+            if texts:
+                f.write(b",\n" + ",\n".join(texts).encode())
+    finally:
+        con.unregister(name)

@@ -480,6 +480,16 @@ def test_cli_replay_subprocess_chrome_trace(store: Path, con: duckdb.DuckDBPyCon
     assert len(slices) == doc["chrome_trace"]["events"] == n_graph_events
     spans = [e for e in slices if e["name"] == "gloo:all_reduce" and e["cat"] != "critical_path"]
     assert len(spans) == 2 * 4 * 6  # 2 ranks, 4 allreduces a step, 6 steps
+    # every slice's measured start and duration, to the ns, against the store: one offset
+    # (the trace's origin) for all, and the stored duration (float64 arithmetic on ns since
+    # the epoch was off by up to 256 ns)
+    stored = {(r, e): (ts, dur) for r, e, ts, dur in con.execute(
+        "SELECT rank, eid, ts_ns, dur_ns FROM events WHERE job = 'netlab_1gbit'").fetchall()}
+    origin = {stored[e["pid"], e["args"]["eid"]][0] - round(e["args"]["measured_ts_us"] * 1e3)
+              for e in slices}
+    assert len(origin) == 1
+    assert all(round(e["args"]["measured_dur_us"] * 1e3) == stored[e["pid"], e["args"]["eid"]][1]
+               for e in slices)
     # the projected critical path: its segments cover each projected step exactly
     path = [e for e in trace["traceEvents"] if e.get("cat") == "critical_path" and e["ph"] == "X"]
     for s in doc["steps"]:
