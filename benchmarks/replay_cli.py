@@ -10,10 +10,11 @@ not timed). Each run starts, in turn, as fresh processes (wall time):
     tracetool replay STORE --json                                         # identity
     tracetool replay STORE --gpu h100 --network inter_node_bw=100Gbit/s --json
     tracetool replay STORE --steps 10:12 --json                           # a bounded one
+    tracetool replay STORE --json --chrome-trace FILE                     # the timeline
 
-and, with --previous, the same two replays with the replay code of git HEAD (a copy of the
-package in which replay/ and tracetool/cli/{replay,sweep}.py are HEAD's, first on
-PYTHONPATH), so a change is measured against the code before it in the same run. Prints the
+and, with --previous, the same three replays (identity, projected, the timeline) with the
+replay code of git HEAD (a copy of the package in which replay/ and
+tracetool/cli/{replay,sweep}.py are HEAD's, first on PYTHONPATH), so a change is measured against the code before it in the same run. Prints the
 median of --runs (and the range), events/s (events = rows of `events` of the replayed
 ranks, as critical_path_cli.py counts them), the ratios to `critical-path` and to the
 previous code, and each command's peak RSS (/usr/bin/time -v) per event.
@@ -54,7 +55,7 @@ SELECT count(*) AS n FROM events e,
 WHERE e.ts_ns <= w.hi AND e.ts_ns + coalesce(e.dur_ns, 0) >= w.lo"""
 
 
-def commands(store: Path) -> dict[str, list[str]]:
+def commands(store: Path, work: Path) -> dict[str, list[str]]:
     s = str(store)
     return {
         "sql": ["sql", s, "SELECT count(*) AS n FROM events", "--format", "json"],
@@ -63,6 +64,8 @@ def commands(store: Path) -> dict[str, list[str]]:
         "replay --gpu --network": ["replay", s, "--gpu", "h100", "--network",
                                    "inter_node_bw=100Gbit/s", "--json"],
         "replay --steps 10:12": ["replay", s, "--steps", "10:12", "--json"],
+        "replay --chrome-trace": ["replay", s, "--json", "--chrome-trace",
+                                  str(work / "projected.json")],
     }
 
 
@@ -103,11 +106,12 @@ def previous_tree(work: Path) -> Path:
 
 def run_store(store: Path, runs: int, work: Path, previous: bool) -> dict:
     """Every command, --runs times in turn: medians, ranges, peak RSS."""
-    cmds = commands(store)
+    cmds = commands(store, work)
     prev = previous_tree(work) if previous else None
     plan = [(c, args, None) for c, args in cmds.items()]
     if prev is not None:
-        plan += [(f"previous {c}", cmds[c], prev) for c in ("replay", "replay --gpu --network")]
+        plan += [(f"previous {c}", cmds[c], prev)
+                 for c in ("replay", "replay --gpu --network", "replay --chrome-trace")]
     times: dict[str, list[float]] = {c: [] for c, _, _ in plan}
     rss: dict[str, list[int]] = {c: [] for c, _, _ in plan}
     outs: dict[str, str] = {}
@@ -140,7 +144,8 @@ def run_store(store: Path, runs: int, work: Path, previous: bool) -> dict:
     }
     if prev is not None:
         out["speedup_vs_previous"] = {
-            c: med[f"previous {c}"] / med[c] for c in ("replay", "replay --gpu --network")}
+            c: med[f"previous {c}"] / med[c]
+            for c in ("replay", "replay --gpu --network", "replay --chrome-trace")}
     return out
 
 
