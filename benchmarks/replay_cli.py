@@ -14,10 +14,11 @@ not timed). Each run starts, in turn, as fresh processes (wall time):
 
 and, with --previous, the same three replays (identity, projected, the timeline) with the
 replay code of git HEAD (a copy of the package in which replay/ and
-tracetool/cli/{replay,sweep}.py are HEAD's, first on PYTHONPATH), so a change is measured against the code before it in the same run. Prints the
-median of --runs (and the range), events/s (events = rows of `events` of the replayed
-ranks, as critical_path_cli.py counts them), the ratios to `critical-path` and to the
-previous code, and each command's peak RSS (/usr/bin/time -v) per event.
+tracetool/cli/{replay,sweep}.py are HEAD's, first on PYTHONPATH), so a change is measured
+against the code before it in the same run. Prints the median of --runs (and the range),
+events/s (events = rows of `events` of the replayed ranks, as critical_path_cli.py counts
+them), the ratios to `critical-path` and to the previous code, and each command's peak RSS
+(/usr/bin/time -v) per event.
 
     python benchmarks/replay_cli.py [--size 420MB] [--steps 40] [--runs 5] [--previous] [--json]
 """
