@@ -12,12 +12,14 @@ import itertools
 from pathlib import Path
 
 import duckdb
+import numpy as np
 import pytest
 
 import tracetool
 from tracetool.analysis.critical_path import (
     EDGE_KINDS,
     SEGMENT_KINDS,
+    Slots,
     critical_path,
     critical_path_summary,
 )
@@ -447,3 +449,19 @@ def test_a_one_rank_job_reads_only_its_intra_rank_edges(tmp_path: Path) -> None:
     assert collective_warnings(c, "r3") == []
     segs = critical_path(c, "r3").fetchall()
     assert len(segs) > 100 and {s[3] for s in segs} == {3}  # rank 3 only
+
+
+@pytest.mark.parametrize("ranks", [[0, 1, 5, 1023], [7], [3, 2**30]])
+def test_slots_number_events_densely_by_rank_then_eid(ranks: list[int]) -> None:
+    """slot = (events of the ranks before) + eid, whether ranks are looked up in a table
+    (compact rank numbers) or by binary search (a rank number too large for a table)."""
+    rng = np.random.default_rng(7)
+    rank = rng.choice(ranks, 5000)
+    eid = rng.integers(0, 300, 5000)
+    slots = Slots.of(rank, eid)
+    assert (slots.lut is not None) == (max(ranks) < Slots.LUT_MOST)
+    size = {r: int(eid[rank == r].max()) + 1 for r in sorted(set(rank.tolist()))}
+    before = {r: sum(n for q, n in size.items() if q < r) for r in size}
+    assert slots(rank, eid).tolist() == [before[r] + e for r, e in zip(rank.tolist(),
+                                                                        eid.tolist(), strict=True)]
+    assert slots.n == sum(size.values())
