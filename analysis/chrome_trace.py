@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import BinaryIO
 
 import duckdb
 import msgspec
@@ -30,6 +31,55 @@ def us_sql(ns: str) -> str:
     """SQL for ``us_text``: ns as microsecond text with three decimals (a JSON number)."""
     return (f"(CASE WHEN {ns} < 0 THEN '-' ELSE '' END || abs({ns}) // 1000 || '.' || "
             f"lpad((abs({ns}) % 1000)::VARCHAR, 3, '0'))")
+
+
+def arrow_sql(pid: str, ts: str, next_pid: str, next_ts: str) -> str:
+    """SQL text, starting with a comma, of the flow arrow from a path segment (its row's
+    ``i``: the arrow's id) to the next one: a Chrome trace's "s" and "f" events on the
+    ranks' "critical path" threads; ``ts`` and ``next_ts`` in ns from the trace's start."""
+    return (f"""',' || chr(10) || '{{"ph":"s","cat":"critical_path","name":"critical_path",'
+            || '"id":' || i || ',"pid":' || {pid} || ',"tid":{PATH_TID},"ts":'
+            || {us_sql(ts)} || '}}'
+            || ',' || chr(10) || '{{"ph":"f","bp":"e","cat":"critical_path",'
+            || '"name":"critical_path","id":' || i || ',"pid":' || {next_pid}
+            || ',"tid":{PATH_TID},"ts":' || {us_sql(next_ts)} || '}}'""")
+
+
+class EventArray:
+    """The ``traceEvents`` array of a Chrome trace being written to ``f`` (after its
+    opening bracket): events from Python dicts, or the JSON texts of a DuckDB query,
+    streamed; ``n`` counts the events written."""
+
+    BATCH = 50_000  # query rows per Arrow batch
+
+    def __init__(self, f: BinaryIO) -> None:
+        self.f = f
+        self.n = 0
+        self._encode = msgspec.json.Encoder().encode
+
+    def _texts(self, texts: list[bytes], events: int) -> None:
+        if texts:
+            self.f.write((b",\n" if self.n else b"") + b",\n".join(texts))
+            self.n += events
+
+    def dicts(self, events: list[dict]) -> None:
+        self._texts([self._encode(e) for e in events], len(events))
+
+    def query(self, con: duckdb.DuckDBPyConnection, sql: str, params: dict,
+              tables: dict[str, pa.Table] | None = None) -> None:
+        """The texts of ``sql``'s first column, each holding as many events as its column
+        ``n`` says (one each without it), with ``tables`` registered under their names."""
+        for name, table in (tables or {}).items():
+            con.register(name, table)
+        try:
+            for batch in con.sql(sql, params=params).to_arrow_reader(self.BATCH):
+                texts = [t.encode() for t in batch.column(0).to_pylist()]
+                counted = "n" in batch.schema.names
+                self._texts(texts, sum(batch.column("n").to_pylist()) if counted
+                            else batch.num_rows)
+        finally:
+            for name in tables or {}:
+                con.unregister(name)
 
 
 # The trace's events as JSON text, built in DuckDB: one Python object per event instead of
@@ -68,14 +118,8 @@ SELECT '{{"ph":"X","cat":"critical_path","name":'
        || ',"track_id":' || coalesce(track_id::VARCHAR, 'null')
        || ',"edge_kind":' || coalesce(to_json(edge_kind), 'null') || '}}}}'
        || CASE WHEN arrow THEN
-            ',' || chr(10) || '{{"ph":"s","cat":"critical_path","name":"critical_path",'
-            || '"id":' || i
-            || ',"pid":' || coalesce(rank::VARCHAR, 'null') || ',"tid":{PATH_TID},"ts":'
-            || {us_sql("(start_ns - $t0)")} || '}}'
-            || ',' || chr(10) || '{{"ph":"f","bp":"e","cat":"critical_path",'
-            || '"name":"critical_path","id":' || i
-            || ',"pid":' || coalesce(next_rank::VARCHAR, 'null')
-            || ',"tid":{PATH_TID},"ts":' || {us_sql("(next_start_ns - $t0)")} || '}}'
+            {arrow_sql("coalesce(rank::VARCHAR, 'null')", "(start_ns - $t0)",
+                       "coalesce(next_rank::VARCHAR, 'null')", "(next_start_ns - $t0)")}
           ELSE '' END AS text,
        CASE WHEN arrow THEN 3 ELSE 1 END AS n
 FROM s ORDER BY i
@@ -104,48 +148,29 @@ def write_path_trace(con: duckdb.DuckDBPyConnection, job: str, segments: pa.Tabl
     ranks = sorted(set(on_path) | set(ranks))
     out.parent.mkdir(parents=True, exist_ok=True)  # as report's --out: made when missing
     tmp = out.with_name(out.name + ".tmp")
-    n = 0
-    encode = msgspec.json.Encoder().encode
     with open(tmp, "wb") as f:
         f.write(b'{"displayTimeUnit": "ns", "traceEvents": [\n')
-        first = True
-
-        def write(texts: list[str], events: int) -> None:
-            nonlocal first, n
-            if texts:
-                f.write((b"" if first else b",\n") + ",\n".join(texts).encode())
-                first = False
-                n += events
-
-        def emit(ev: dict) -> None:
-            write([encode(ev).decode()], 1)
-
+        events = EventArray(f)
         for r in ranks:
-            emit({"ph": "M", "name": "process_name", "pid": r, "args": {"name": f"rank {r}"}})
-            emit({"ph": "M", "name": "process_sort_index", "pid": r, "args": {"sort_index": r}})
-            emit({"ph": "M", "name": "thread_name", "pid": r, "tid": PATH_TID,
-                  "args": {"name": "critical path"}})
-            emit({"ph": "M", "name": "thread_sort_index", "pid": r, "tid": PATH_TID,
-                  "args": {"sort_index": -1}})
-        for rank, track_id, name, kind in con.execute("""
+            events.dicts([
+                {"ph": "M", "name": "process_name", "pid": r, "args": {"name": f"rank {r}"}},
+                {"ph": "M", "name": "process_sort_index", "pid": r,
+                 "args": {"sort_index": r}},
+                {"ph": "M", "name": "thread_name", "pid": r, "tid": PATH_TID,
+                 "args": {"name": "critical path"}},
+                {"ph": "M", "name": "thread_sort_index", "pid": r, "tid": PATH_TID,
+                 "args": {"sort_index": -1}}])
+        events.dicts([{"ph": "M", "name": "thread_name", "pid": rank, "tid": track_id,
+                       "args": {"name": f"{name} ({kind})"}}
+                      for rank, track_id, name, kind in con.execute("""
                 SELECT rank, track_id, coalesce(thread_name, pid_raw || '/' || tid_raw),
                        track_kind FROM tracks WHERE job = ? AND n_events > 0
-                  AND list_contains(?, rank)""", [job, ranks]).fetchall():
-            emit({"ph": "M", "name": "thread_name", "pid": rank, "tid": track_id,
-                  "args": {"name": f"{name} ({kind})"}})
-        reader = con.sql(_EVENTS_JSON, params={"job": job, "t0": t0, "t1": t1, "ranks": ranks}
-                         ).to_arrow_reader(50_000)
-        for batch in reader:
-            write(batch.column(0).to_pylist(), batch.num_rows)
+                  AND list_contains(?, rank)""", [job, ranks]).fetchall()])
+        events.query(con, _EVENTS_JSON, {"job": job, "t0": t0, "t1": t1, "ranks": ranks})
         missing = "".join(f", NULL::{t} AS {c}" for c, t in _OPTIONAL.items()
                           if c not in segments.column_names)
-        sql = _SEGMENTS_JSON.replace("{missing}", missing).replace("$t0", str(int(t0)))
-        con.register("_path_trace_segments", segments)
-        try:
-            for batch in con.sql(sql).to_arrow_reader(50_000):
-                write(batch.column(0).to_pylist(), sum(batch.column(1).to_pylist()))
-        finally:
-            con.unregister("_path_trace_segments")
+        events.query(con, _SEGMENTS_JSON.replace("{missing}", missing), {"t0": t0},
+                     {"_path_trace_segments": segments})
         f.write(b"\n]}\n")
     os.replace(tmp, out)
-    return n
+    return events.n

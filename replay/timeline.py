@@ -15,22 +15,20 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, BinaryIO
+from typing import TYPE_CHECKING
 
 import duckdb
 import msgspec
 import numpy as np
 import pyarrow as pa
 
-from tracetool.analysis.chrome_trace import PATH_TID, us_sql, us_text
+from tracetool.analysis.chrome_trace import PATH_TID, EventArray, arrow_sql, us_sql, us_text
 from tracetool.analysis.critical_path import SEGMENT_KINDS
 
 from .graph import NO_STEP, ReplayGraph
 
 if TYPE_CHECKING:
     from .run import ReplayResult
-
-BATCH = 50_000  # JSON texts per Arrow batch written
 
 # every replayed event at its projected time (ts, dur) and its measured one (mts, mdur), all
 # ns from the trace's t0; ``i``: the order of the slices in the file
@@ -66,13 +64,7 @@ SELECT '{{"ph":"X","cat":"critical_path","pid":' || lane || ',"tid":{PATH_TID},"
        || ',"ts":' || {us_sql("ts")} || ',"dur":' || {us_sql("dur")}
        || ',"args":{{"step":' || coalesce(step::VARCHAR, 'null') || ',"seq":' || seq
        || ',"eid":' || coalesce(eid::VARCHAR, 'null') || '}}}}'
-       || CASE WHEN arrow THEN
-            ',' || chr(10) || '{{"ph":"s","cat":"critical_path","name":"critical_path",'
-            || '"id":' || i || ',"pid":' || lane || ',"tid":{PATH_TID},"ts":'
-            || {us_sql("ts")} || '}}'
-            || ',' || chr(10) || '{{"ph":"f","bp":"e","cat":"critical_path",'
-            || '"name":"critical_path","id":' || i || ',"pid":' || next_lane
-            || ',"tid":{PATH_TID},"ts":' || {us_sql("next_ts")} || '}}'
+       || CASE WHEN arrow THEN {arrow_sql("lane", "ts", "next_lane", "next_ts")}
           ELSE '' END
 FROM s ORDER BY i
 """
@@ -98,15 +90,15 @@ def write_projected_trace(con: duckdb.DuckDBPyConnection, graph: ReplayGraph,
     tmp = out.with_name(out.name + ".tmp")
     with open(tmp, "wb") as f:
         f.write(b'{"displayTimeUnit":"ns","traceEvents":[\n')
-        _write_json(f, _names(con, g, result), first=True)
-        params = {"job": g.job}
-        _stream(con, f, "_projected_slices", slices, _SLICES_JSON, params)
-        _write_json(f, [{"ph": "i", "s": "g", "name": f"projected step {st.step} end",
-                         "pid": first_rank, "tid": 0, "ts": float(us_text(st.end_ns - t0))}
-                        for st in result.steps])
-        _write_json(f, _path_threads(path, first_rank))
-        _stream(con, f, "_projected_path", path, _PATH_JSON,
-                {**params, "first_rank": first_rank})
+        events = EventArray(f)
+        events.dicts(_names(con, g, result))
+        events.query(con, _SLICES_JSON, {"job": g.job}, {"_projected_slices": slices})
+        events.dicts([{"ph": "i", "s": "g", "name": f"projected step {st.step} end",
+                       "pid": first_rank, "tid": 0, "ts": float(us_text(st.end_ns - t0))}
+                      for st in result.steps])
+        events.dicts(_path_threads(path, first_rank))
+        events.query(con, _PATH_JSON, {"job": g.job, "first_rank": first_rank},
+                     {"_projected_path": path})
         f.write(b'\n],"otherData":' + msgspec.json.encode(
             {"scenario": result.scenario, "job": g.job}) + b"}")
     os.replace(tmp, out)
@@ -142,12 +134,8 @@ def _path_threads(path: pa.Table, first_rank: int) -> list[dict]:
 def _path_table(result: ReplayResult, t0: int) -> pa.Table:
     """The projected path's segments (``ReplayResult.path_arrays``) as an Arrow table: step
     and rank NULL where there is none, eid NULL for idle time, kind by name, times from t0."""
-    a = result.path_arrays
-    if not a or not len(a["seq"]):
-        return pa.table({"i": pa.array([], pa.int64()), "step": pa.array([], pa.int64()),
-                         "seq": pa.array([], pa.int64()), "rank": pa.array([], pa.int64()),
-                         "eid": pa.array([], pa.int64()), "kind": pa.array([], pa.string()),
-                         "ts": pa.array([], pa.int64()), "dur": pa.array([], pa.int64())})
+    a = result.path_arrays or {k: np.zeros(0, dtype=np.int64) for k in (
+        "step", "seq", "rank", "eid", "kind", "start_ns", "end_ns")}
     start = np.asarray(a["start_ns"], dtype=np.int64) - t0
     return pa.table({
         "i": np.arange(len(a["seq"])),
@@ -157,23 +145,3 @@ def _path_table(result: ReplayResult, t0: int) -> pa.Table:
         "eid": pa.array(a["eid"], mask=a["eid"] < 0, type=pa.int64()),
         "kind": pa.array(SEGMENT_KINDS).take(pa.array(a["kind"], type=pa.int64())),
         "ts": start, "dur": np.asarray(a["end_ns"], dtype=np.int64) - t0 - start})
-
-
-def _write_json(f: BinaryIO, events: list[dict], first: bool = False) -> None:
-    """Append ``events`` to the trace's event array in ``f``."""
-    if events:
-        text = b",\n".join(msgspec.json.encode(e) for e in events)
-        f.write(text if first else b",\n" + text)
-
-
-def _stream(con: duckdb.DuckDBPyConnection, f: BinaryIO, name: str, table: pa.Table,
-            sql: str, params: dict) -> None:
-    """Append the JSON texts ``sql`` makes of ``table`` (registered as ``name``) to ``f``."""
-    con.register(name, table)
-    try:
-        for batch in con.sql(sql, params=params).to_arrow_reader(BATCH):
-            texts = batch.column(0).to_pylist()
-            if texts:
-                f.write(b",\n" + ",\n".join(texts).encode())
-    finally:
-        con.unregister(name)
