@@ -12,7 +12,9 @@ from pathlib import Path
 
 import duckdb
 
-from tracetool.store_views import connect_store
+from tracetool.errors import StoreError, job_problem, one_line
+from tracetool.objstore import is_object_store
+from tracetool.store_views import connect_store, table_files
 from tracetool.store_views import setup_sql as table_setup_sql
 
 
@@ -50,3 +52,32 @@ def connect(store: Path | str, con: duckdb.DuckDBPyConnection | None = None, *,
     ``con.register(name, frame)``. (A COPY aimed at one of the store's own files with
     USE_TMP_FILE false or OVERWRITE is the one write DuckDB's settings cannot stop.)"""
     return connect_store(store, con, allow_writes=allow_writes, dependent_views=views_sql())
+
+
+def open_job(store: Path | str, job: str | None = None
+             ) -> tuple[duckdb.DuckDBPyConnection, str]:
+    """A connection to ``store`` (a directory or an object store's URL) with every view, and
+    the job to look at: ``job`` if given, else the store's only job (a store of several jobs
+    is ambiguous, so that is an error)."""
+    if not is_object_store(store):
+        if not Path(store).exists():
+            raise StoreError(f"{store}: no such file or directory")
+        if not (Path(store) / "data").is_dir():
+            raise StoreError(f"{store}: not a tracetool store (no data/ directory)")
+        if not table_files(store, "trace_files"):  # before its format.json is asked for
+            raise StoreError(f"{store}: the store holds no ingested traces")
+    con = duckdb.connect()
+    try:
+        connect(store, con)
+        jobs = [r[0] for r in con.execute(
+            "SELECT DISTINCT job FROM trace_files ORDER BY job").fetchall()]
+    except (duckdb.Error, OSError) as err:
+        con.close()  # now, not when a reference cycle is collected (see tracetool.cli.report)
+        message = str(err) if isinstance(err, StoreError | FileNotFoundError) else \
+            f"{store}: cannot read the store: {one_line(err)}"
+        raise StoreError(message) from None
+    problem = job_problem(store, jobs, job)
+    if problem:
+        con.close()
+        raise StoreError(problem)
+    return con, job or jobs[0]

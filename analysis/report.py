@@ -29,12 +29,9 @@ from tracetool.analysis.charts import (
 )
 from tracetool.analysis.chrome_trace import write_path_trace
 from tracetool.analysis.collectives import collective_warnings
-from tracetool.analysis.connect import connect
 from tracetool.analysis.step_timeline import choose_step, timeline_data
-from tracetool.errors import StoreError, one_line
+from tracetool.errors import one_line
 from tracetool.numbers import round_ns
-from tracetool.objstore import is_object_store
-from tracetool.store_views import table_files
 from tracetool.text import markdown_cell, printable
 
 TOP = 15  # rows of the top kernels / ops tables and chart
@@ -44,41 +41,6 @@ CHART_FILES = ("breakdown.png", "top_kernels.png", "top_cpu_ops.png", "collectiv
 def first_line(err: BaseException) -> str:
     """An error's message in one line (DuckDB's run to several; ``errors.one_line``)."""
     return one_line(err)
-
-
-def open_job(store: Path | str, job: str | None = None
-             ) -> tuple[duckdb.DuckDBPyConnection, str]:
-    """A connection to ``store`` (a directory or an object store's URL) with every view, and
-    the job to look at: ``job`` if given, else the store's only job (a store of several jobs
-    is ambiguous, so that is an error)."""
-    if not is_object_store(store):
-        if not Path(store).exists():
-            raise StoreError(f"{store}: no such file or directory")
-        if not (Path(store) / "data").is_dir():
-            raise StoreError(f"{store}: not a tracetool store (no data/ directory)")
-        if not table_files(store, "trace_files"):  # before its format.json is asked for
-            raise StoreError(f"{store}: the store holds no ingested traces")
-    con = duckdb.connect()
-    try:
-        connect(store, con)
-        jobs = [r[0] for r in con.execute(
-            "SELECT DISTINCT job FROM trace_files ORDER BY job").fetchall()]
-    except (duckdb.Error, OSError) as err:
-        con.close()  # now, not when a reference cycle is collected (see tracetool.cli.report)
-        message = str(err) if isinstance(err, StoreError | FileNotFoundError) else \
-            f"{store}: cannot read the store: {first_line(err)}"
-        raise StoreError(message) from None
-    problem = None
-    if not jobs:
-        problem = f"{store}: the store holds no ingested traces"
-    elif job is None and len(jobs) != 1:
-        problem = f"{store} holds jobs {', '.join(jobs)}: choose one with --job"
-    elif job is not None and job not in jobs:
-        problem = f"{store}: no job {job!r} (it holds {', '.join(jobs)})"
-    if problem:
-        con.close()
-        raise StoreError(problem)
-    return con, job or jobs[0]
 
 
 def rows(con: duckdb.DuckDBPyConnection, sql: str,

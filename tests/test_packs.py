@@ -145,7 +145,7 @@ def test_a_few_changed_ranks_leave_the_pack_stale_and_say_so_until_tracetool_pac
     assert res.exit_code == 0 and res.output.strip() == "job a2a: packed (4 ranks)"
     assert packs.current_pack(root, "a2a") is not None
     res = CliRunner().invoke(cli, ["pack", str(store), "--job", "nope"])
-    assert res.exit_code == 1 and "no job 'nope'; the store holds: a2a" in res.output
+    assert res.exit_code == 1 and "no job 'nope' (the store holds a2a)" in res.output
 
 
 def test_tables_copied_at_once_hold_the_partitions_rows_in_rank_order(

@@ -393,8 +393,13 @@ def test_store_with_two_jobs_needs_a_job(tmp_path: Path) -> None:
     for job in ("one", "two"):
         code, _, err = run("ingest", SAMPLES, "--store", store, "--job", job, "--workers", "2")
         assert code == 0, err
-    code, _, stderr = run("report", store, "--out", tmp_path / "o")
-    assert code == 1 and "holds jobs one, two: choose one with --job" in stderr
+    line = f"tracetool: error: {store}: the store holds jobs one, two: choose one with --job\n"
+    for args in (["report", store, "--out", tmp_path / "o"], ["critical-path", store],
+                 ["replay", store], ["sweep", store, "--network", "inter_node_bw=1,2Gbit/s",
+                                     "--source-network", "inter_node_bw=1Gbit/s"],
+                 ["diff", store, store]):
+        code, _, stderr = run(*args)
+        assert (code, stderr) == (1, line), args  # one text for every command
     code, stdout, stderr = run("diff", store, store, "--job-a", "one", "--job-b", "two",
                                "--json", "--fail-if", "step_time>+0%")
     assert code == 0, stderr

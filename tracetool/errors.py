@@ -22,3 +22,15 @@ def one_line(err: BaseException) -> str:
         return type(err).__name__
     hint = next((ln for ln in lines[1:3] if ln.startswith("Did you mean")), None)
     return f"{lines[0]} {hint}" if hint else lines[0]
+
+
+def job_problem(store: object, jobs: list[str], job: str | None) -> str | None:
+    """What is wrong with choosing ``job`` (None: the only one) among a store's ``jobs``, in
+    the one wording every command uses; None when the choice is fine."""
+    if not jobs:
+        return f"{store}: the store holds no ingested traces"
+    if job is None and len(jobs) != 1:
+        return f"{store}: the store holds jobs {', '.join(jobs)}: choose one with --job"
+    if job is not None and job not in jobs:
+        return f"{store}: no job {job!r} (the store holds {', '.join(jobs)})"
+    return None

@@ -10,10 +10,11 @@ import duckdb
 
 from tracetool.analysis.chrome_trace import write_path_trace
 from tracetool.analysis.collectives import warn_collectives
+from tracetool.analysis.connect import open_job
 from tracetool.analysis.critical_path import critical_path
 from tracetool.analysis.windows import use_windows
 from tracetool.cli._errors import fail_for
-from tracetool.cli._job import open_job, window_options, windows_of
+from tracetool.cli._job import window_options, windows_of
 from tracetool.cli._store import store_arg
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 import click
 import duckdb
 
+from tracetool.analysis.connect import open_job
 from tracetool.analysis.diff import (
     MetricUnavailable,
     Threshold,
@@ -17,7 +18,7 @@ from tracetool.analysis.diff import (
     diff_jobs,
     render_text,
 )
-from tracetool.analysis.report import first_line, open_job
+from tracetool.analysis.report import first_line
 from tracetool.cli._errors import fail_line
 from tracetool.cli._store import store_arg
 from tracetool.errors import StoreError

@@ -9,7 +9,7 @@ import click
 
 from tracetool.cli._errors import fail_line
 from tracetool.cli._store import store_arg
-from tracetool.errors import StoreError
+from tracetool.errors import StoreError, job_problem
 from tracetool.ingest.packs import refresh_pack
 from tracetool.ingest.store import Store
 from tracetool.objstore import is_object_store
@@ -33,9 +33,9 @@ def pack_command(store: Path | str, jobs: tuple[str, ...], as_json: bool) -> Non
         fail_line(f"{store}: object stores are not packed")
     s = Store(store)
     have = sorted(p.name[4:] for p in s.data.glob("job=*")) if s.data.is_dir() else []
-    missing = [j for j in jobs if j not in have]
-    if missing:
-        fail_line(f"{store}: no job {missing[0]!r}; the store holds: {', '.join(have) or 'none'}")
+    for job in jobs:
+        if problem := job_problem(store, have, job):
+            fail_line(problem)
     try:
         with interruptible():
             s.check_format()

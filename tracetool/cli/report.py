@@ -8,8 +8,9 @@ import click
 import duckdb
 
 from tracetool.analysis.charts import ChartError
+from tracetool.analysis.connect import open_job
 from tracetool.analysis.per_rank import RankTaskError, gather_on_ray
-from tracetool.analysis.report import first_line, make_report, open_job, to_json
+from tracetool.analysis.report import first_line, make_report, to_json
 from tracetool.analysis.windows import use_windows
 from tracetool.cli._errors import fail_line
 from tracetool.cli._job import window_options, windows_of

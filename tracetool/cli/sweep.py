@@ -11,9 +11,10 @@ import click
 import duckdb
 
 from tracetool.analysis.collectives import warn_collectives
+from tracetool.analysis.connect import open_job
 from tracetool.analysis.windows import use_windows
 from tracetool.cli._errors import fail_for
-from tracetool.cli._job import open_job, windows_of
+from tracetool.cli._job import windows_of
 from tracetool.cli._store import store_arg
 from tracetool.cli.replay import (
     GPU_HELP,
