@@ -382,3 +382,18 @@ def critical_path_summary(con: duckdb.DuckDBPyConnection, job: str, step: int | 
         SELECT job, step, {cols}, count(*) AS segments, sum(dur_ns)::BIGINT AS dur_ns,
                sum(dur_ns) / sum(sum(dur_ns)) OVER (PARTITION BY job, step) AS share
         FROM _cp_path GROUP BY job, step, {cols} ORDER BY step, dur_ns DESC""")
+
+
+def critical_path_all_jobs(con: duckdb.DuckDBPyConnection) -> list[str]:
+    """Fill ``critical_path_segments`` (and so the view ``critical_path``) with the complete
+    steps of every job of the store, for a query that reads them (``tracetool sql``): the
+    path is computed, not stored, so a plain connection has it only after this. Returns one
+    line per job that has no path (no events on CPU threads or GPU streams)."""
+    con.execute(CRITICAL_PATH_DDL)
+    missing = []
+    for (job,) in con.execute("SELECT DISTINCT job FROM trace_files ORDER BY 1").fetchall():
+        try:
+            critical_path(con, job, names=False)
+        except ValueError as err:
+            missing.append(f"job {job!r} has no critical path: {err}")
+    return missing

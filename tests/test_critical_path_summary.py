@@ -82,11 +82,16 @@ def as_relation(con: duckdb.DuckDBPyConnection, segs: list[dict]) -> duckdb.Duck
 
 
 @pytest.fixture(scope="module")
-def sample(tmp_path_factory: pytest.TempPathFactory) -> duckdb.DuckDBPyConnection:
+def sample_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
     store = tmp_path_factory.mktemp("cp_summary") / "store"
     res = ingest([SAMPLES], Options(store=store, workers=2))
     assert all(r.status == "ingested" for r in res), res
-    return connect(store)
+    return store
+
+
+@pytest.fixture(scope="module")
+def sample(sample_store: Path) -> duckdb.DuckDBPyConnection:
+    return connect(sample_store)
 
 
 def test_cli_summary_equals_python_on_the_gloo_sample(sample: duckdb.DuckDBPyConnection
@@ -162,3 +167,31 @@ def test_chart_bars_keep_every_kind_time_per_lane(ranks: list[int | None],
     out = tmp_path / "cp.png"
     chart_critical_path(as_relation(con, segs), "j", out)
     assert out.stat().st_size > 5_000
+
+
+def test_sql_and_json_segments_are_the_path(sample_store: Path) -> None:
+    """``tracetool sql`` computes the view critical_path when a query names it, and
+    ``critical-path --json --segments`` lists the same segments, names included, as the
+    Python API's relation."""
+    import json
+
+    from click.testing import CliRunner
+
+    from tracetool.cli import cli
+
+    store = sample_store
+    want = critical_path(connect(store), "ddp_gloo_2rank").fetchall()
+    assert len(want) > 100
+    run = CliRunner().invoke
+    res = run(cli, ["sql", str(store), "SELECT * FROM critical_path ORDER BY step, seq",
+                    "--json"])
+    assert res.exit_code == 0, res.output
+    rows = [json.loads(line) for line in res.stdout.splitlines()]
+    assert [tuple(r.values()) for r in rows] == want
+    res = run(cli, ["critical-path", str(store), "--json", "--segments"])
+    assert res.exit_code == 0, res.output
+    steps = json.loads(res.stdout)["steps"]
+    got = [("ddp_gloo_2rank", s["step"], *seg.values()) for s in steps for seg in s["path"]]
+    assert got == want and all(len(s["path"]) == s["segments"] for s in steps)
+    res = run(cli, ["critical-path", str(store), "--segments"])
+    assert res.exit_code == 2 and "--segments needs --json" in res.output

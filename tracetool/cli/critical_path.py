@@ -29,15 +29,20 @@ from tracetool.cli._store import store_arg
 @click.option("--chrome-trace", "chrome", type=click.Path(path_type=Path, dir_okay=False),
               help="Also write the events and the path as a Chrome trace (open in Perfetto).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@click.option("--segments", is_flag=True,
+              help="With --json: each step's segments too, as 'path' (the view critical_path's "
+                   "columns, in path order).")
 def critical_path_command(store: Path | str, job: str | None, step: int | None,
                           include_incomplete: bool, annotation: str | None,
                           instance: int | None, window: str | None, chrome: Path | None,
-                          as_json: bool) -> None:
+                          as_json: bool, segments: bool) -> None:
     """Compute the critical path of each step across threads, streams and ranks, and
     summarise it by kind (compute, comm, memcpy, launch_overhead, cpu, idle_wait) and by rank.
 
     Exit code 0; 1 when the store, job or step cannot be read; 2 for an annotation or window
     that selects nothing (one line on stderr)."""
+    if segments and not as_json:
+        raise click.UsageError("--segments needs --json")
     try:
         windows = windows_of(annotation, instance, window)
         con, job = open_job(store, job)
@@ -47,8 +52,10 @@ def critical_path_command(store: Path | str, job: str | None, step: int | None,
                 "SELECT 1 FROM steps WHERE job = ? AND step = ?", [job, step]).fetchone():
             raise click.ClickException(f"{store}: job {job} has no ProfilerStep#{step}")
         rel = critical_path(con, job, step, include_incomplete=include_incomplete,
-                            names=chrome is not None)  # the trace's only use of names
+                            names=chrome is not None or segments)  # only they use names
         report = summarize(job, rel)
+        if segments:
+            attach_segments(report, rel)
         written = None
         if chrome:
             written = write_path_trace(con, job, rel.to_arrow_table(), chrome)
@@ -101,6 +108,17 @@ JOIN by_kind k ON k.step IS NOT DISTINCT FROM s.step
 JOIN by_rank r ON r.step IS NOT DISTINCT FROM s.step
 ORDER BY s.step NULLS LAST
 """
+
+
+def attach_segments(report: dict, path: duckdb.DuckDBPyRelation) -> None:
+    """Put each step's segments under its step in ``report`` as ``path``: dicts of the view
+    critical_path's columns but job and step, in path order (``segments`` is their count)."""
+    cols = [c for c in path.columns if c not in ("job", "step")]
+    by_step: dict[int | None, list[dict]] = {}
+    for row in path.select(", ".join(["step", *cols])).order("step, seq").fetchall():
+        by_step.setdefault(row[0], []).append(dict(zip(cols, row[1:], strict=True)))
+    for s in report["steps"]:
+        s["path"] = by_step.get(s["step"], [])
 
 
 def summarize(job: str, path: duckdb.DuckDBPyRelation) -> dict:

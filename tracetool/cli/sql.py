@@ -29,6 +29,8 @@ WRITES_HINT = "use --allow-writes DIR to write under DIR, or --output FILE for t
 # onto one of them is stopped only by DuckDB's temporary file (tmp_<name> is not allowed), so
 # the options that skip it (writing in place) or delete the target first are refused.
 IN_PLACE = re.compile(r"\b(use_tmp_file|overwrite|overwrite_or_ignore)\b", re.IGNORECASE)
+# the critical path is computed, not stored: a query naming it has it computed first
+PATH_TABLES = re.compile(r"\bcritical_path(_segments)?\b", re.IGNORECASE)
 
 
 class Refused(Exception):
@@ -76,6 +78,11 @@ def sql_command(store: Path | str, query: str | None, fmt: str, output: Path | N
     try:
         check_statements(query, writes_allowed=bool(allow_writes))
         con = connect(store, allow_writes=allow_writes)
+        if PATH_TABLES.search(query):
+            from tracetool.analysis.critical_path import critical_path_all_jobs
+
+            for line in critical_path_all_jobs(con):
+                click.echo(f"tracetool: warning: {line}", err=True)
         rel = con.sql(query)
         if rel is None:  # a statement without a result (CREATE, SET, ...)
             return
