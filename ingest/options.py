@@ -35,6 +35,7 @@ class Options:
     executor: str = "local"  # local: this machine's worker pool; ray: one Ray task per file
     single_file: bool = False  # the ingest has one file: without a rank, it is rank 0
     job_per_file: bool = False  # each file its own job, named after the file
+    recursive: bool = False  # a directory's subfolders' trace files too
 
 
 @dataclass

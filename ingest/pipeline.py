@@ -34,8 +34,10 @@ from .workers import Workers
 __all__ = ["FileResult", "Options", "UsageProblem", "ingest"]
 
 
-def expand_inputs(paths: Iterable[Path]) -> tuple[list[Path], list[FileResult]]:
-    """Files named directly, plus every trace file inside named directories (sorted); a file
+def expand_inputs(paths: Iterable[Path], recursive: bool = False
+                  ) -> tuple[list[Path], list[FileResult]]:
+    """Files named directly, plus every trace file inside named directories (and, with
+    ``recursive``, in their subfolders; symlinked folders are not followed), sorted; a file
     named twice (say, alone and inside its directory) is ingested once."""
     files: list[Path] = []
     errors: list[FileResult] = []
@@ -45,15 +47,15 @@ def expand_inputs(paths: Iterable[Path]) -> tuple[list[Path], list[FileResult]]:
             errors.append(FileResult(str(p), "error", problem))
         elif p.is_dir():
             try:
-                found = sorted(f for f in p.iterdir() if f.is_file() and
-                               f.name.endswith(TRACE_SUFFIXES))
+                found = _trace_files(p, recursive)
             except OSError as err:
                 errors.append(FileResult(str(p), "error", f"cannot list the directory: "
                                          f"{err.strerror or err}"))
                 continue
             if not found:
+                below = "" if recursive else _hint_below(p)
                 errors.append(FileResult(str(p), "error", "directory holds no .json or "
-                                         ".json.gz trace files"))
+                                         f".json.gz trace files{below}"))
             files += found
         else:
             files.append(p)
@@ -65,6 +67,29 @@ def expand_inputs(paths: Iterable[Path]) -> tuple[list[Path], list[FileResult]]:
             seen.add(key)
             unique.append(f)
     return unique, errors
+
+
+def _trace_files(d: Path, recursive: bool) -> list[Path]:
+    """The trace files in ``d`` (and below it when ``recursive``), sorted by path."""
+    if not recursive:
+        return sorted(f for f in d.iterdir() if f.is_file() and f.name.endswith(TRACE_SUFFIXES))
+
+    def fail(err: OSError) -> None:
+        raise err
+
+    found = []
+    for top, _, names in os.walk(d, onerror=fail):
+        found += [Path(top, n) for n in names if n.endswith(TRACE_SUFFIXES)]
+    return sorted(f for f in found if f.is_file())
+
+
+def _hint_below(d: Path) -> str:
+    """' (N in its subfolders: add --recursive)' when subfolders of ``d`` hold trace files."""
+    try:
+        n = len(_trace_files(d, recursive=True))
+    except OSError:
+        return ""
+    return f" ({n} in its subfolders: add --recursive)" if n else ""
 
 
 def _unreadable(p: Path) -> str | None:
@@ -134,7 +159,7 @@ def ingest(
 ) -> list[FileResult]:
     """Ingest files and directories as the ranks of one job; one result per file.
     ``on_note``: told what concerns the job rather than a file (a pack left stale)."""
-    files, results = expand_inputs(paths)
+    files, results = expand_inputs(paths, opts.recursive)
     for r in results:
         if on_result:
             on_result(r)
@@ -228,6 +253,28 @@ def file_job(f: Path) -> str:
     return name if JOB_NAME.match(name) else "job_" + name[:MAX_JOB_NAME - 4]
 
 
+def per_file_jobs(files: list[Path]) -> dict[str, Path]:
+    """--job-per-file: job -> file. Each job is named after its file (``file_job``); files
+    of the same name in different folders are told apart by their folder relative to the
+    files' common one (``a/trace.json``, ``b/trace.json`` -> jobs ``a_trace``, ``b_trace``).
+    A clash left after that is a UsageProblem naming both files."""
+    counts: dict[str, int] = {}
+    for f in files:
+        counts[file_job(f)] = counts.get(file_job(f), 0) + 1
+    common = Path(os.path.commonpath([f.resolve().parent for f in files])) if files else None
+    jobs: dict[str, Path] = {}
+    for f in files:
+        job = file_job(f)
+        if counts[job] > 1 and common is not None:
+            folder = f.resolve().parent.relative_to(common)
+            job = file_job(Path("_".join([*folder.parts, f.name])))
+        if job in jobs:
+            raise UsageProblem(f"--job-per-file: {jobs[job]} and {f} would both be job "
+                               f"{job!r}: rename one, or ingest them apart")
+        jobs[job] = f
+    return jobs
+
+
 def _job_per_file(files: list[Path], results: list[FileResult], opts: Options,
                   on_result: Callable[[FileResult], None] | None,
                   progress_factory: Callable[[Path, int], Callable[[int], None]] | None
@@ -236,12 +283,7 @@ def _job_per_file(files: list[Path], results: list[FileResult], opts: Options,
     if opts.job is not None or opts.rank is not None or opts.shard is not None:
         raise UsageProblem("--job-per-file names each job after its file: it does not go "
                            "with --job, --rank or --shard")
-    jobs: dict[str, Path] = {}
-    for f in files:
-        if file_job(f) in jobs:
-            raise UsageProblem(f"--job-per-file: {jobs[file_job(f)].name} and {f.name} would "
-                               f"both be job {file_job(f)!r}: rename one, or ingest them apart")
-        jobs[file_job(f)] = f
+    jobs = per_file_jobs(files)
     for job, f in jobs.items():
         results += ingest([f], replace(opts, job=job, job_per_file=False), on_result,
                           progress_factory)

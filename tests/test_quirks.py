@@ -359,6 +359,32 @@ def test_job_per_file(tmp_path: Path) -> None:
     assert code == 2 and "--job-per-file names each job after its file" in err
 
 
+def test_recursive_ingest_and_same_names_in_two_folders(tmp_path: Path) -> None:
+    """A directory's subfolders are read with --recursive only (without it, the error says
+    how many trace files are below); --job-per-file tells files of one name apart by their
+    folder."""
+    d = tmp_path / "traces"
+    for sub in ("a", "b", "b/c"):
+        (d / sub).mkdir(parents=True)
+        write(d / sub / "trace.json", kineto_text([x(sub, 1, 1)], rank=None))
+    store = tmp_path / "s"
+    code, _, err = run("ingest", d, "--store", store, "--job-per-file")
+    assert code == 1 and err == (f"tracetool: error: {d}: directory holds no .json or .json.gz "
+                                 "trace files (3 in its subfolders: add --recursive)\n")
+    code, out, err = run("ingest", d, "--store", store, "--job-per-file", "--recursive",
+                         "--json")
+    assert code == 0, err
+    assert sorted((r["job"], r["path"]) for r in map(json.loads, out.splitlines())) == [
+        ("a_trace", str(d / "a" / "trace.json")), ("b_c_trace", str(d / "b/c/trace.json")),
+        ("b_trace", str(d / "b" / "trace.json"))]
+    names = {j: n for j, n in con(store).execute(
+        "SELECT job, any_value(name) FROM events GROUP BY job").fetchall()}
+    assert names == {"a_trace": "a", "b_trace": "b", "b_c_trace": "b/c"}
+    # without --job-per-file, the three files are one job's ranks, and none says which
+    code, _, err = run("ingest", d, "--store", tmp_path / "s2", "-r", "--job", "j")
+    assert code == 1 and err.count("no rank: the trace") == 3
+
+
 def test_reingest_is_noop_and_force_replaces(tmp_path: Path) -> None:
     f = write(tmp_path / "rank0.json", kineto_text([x("a", 1, 1)]))
     store = tmp_path / "s"

@@ -58,6 +58,9 @@ class Size(click.ParamType):
 @click.option("--job-per-file", is_flag=True,
               help="Ingest each file as a job of its own, named after the file (unrelated "
                    "single-rank traces in one folder; a file with no rank is rank 0).")
+@click.option("--recursive", "-r", is_flag=True,
+              help="A directory's subfolders too: every trace file below it (symlinked "
+                   "folders are not followed).")
 @click.option("--executor", type=click.Choice(["local", "ray"]), default="local",
               show_default=True,
               help="local: this machine's worker pool; ray: one Ray task per file on the "
@@ -65,7 +68,7 @@ class Size(click.ParamType):
 def ingest_command(paths: tuple[Path, ...], store: Path | str, job: str | None, rank: int | None,
                    force: bool, as_json: bool, strict: bool, workers: int | None,
                    tmp_budget: int | None, max_event_bytes: int, shard: str | None,
-                   executor: str, job_per_file: bool) -> None:
+                   executor: str, job_per_file: bool, recursive: bool) -> None:
     """Ingest Kineto trace files (.json, .json.gz) or directories of them into STORE.
 
     All PATHS are ranks of one job. Each file's rank comes from --rank, else its
@@ -78,7 +81,8 @@ def ingest_command(paths: tuple[Path, ...], store: Path | str, job: str | None, 
         raise click.UsageError(str(err)) from None
     opts = Options(store=store, job=job, rank=rank, force=force, strict=strict,
                    workers=workers or 0, tmp_budget=tmp_budget, max_event_bytes=max_event_bytes,
-                   shard=shard_of, executor=executor, job_per_file=job_per_file)
+                   shard=shard_of, executor=executor, job_per_file=job_per_file,
+                   recursive=recursive)
     failed = False
 
     def report(r: FileResult) -> None:
