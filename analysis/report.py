@@ -86,7 +86,10 @@ def summarize(con: duckdb.DuckDBPyConnection, job: str, include_incomplete: bool
         "ranks": [f["rank"] for f in files],
         "backend": next((f["backend"] for f in files if f["backend"]), None),
         "world_size": next((f["world_size"] for f in files if f["world_size"]), None),
-        "devices": sorted({d for f in files for d in (f["device_names"] or [])}),
+        "devices": sorted({d for f in files for d in (f["device_names"] or []) if d}),
+        # deviceProperties entries with an empty name (seen in vLLM's ROCm traces), per rank
+        "unnamed_devices": max((sum(not d for d in f["device_names"] or []) for f in files),
+                               default=0),
         "job_steps": job_steps(con, job, include_incomplete),
         "steps": step_stats(con, job, include_incomplete),
         "incomplete_steps": [] if include_incomplete else incomplete_steps(con, job),
@@ -490,6 +493,9 @@ def _sections(s: dict[str, Any], charts: dict[str, str], store: Path | str | Non
                  + (f"; backend {s['backend']}" if s["backend"] else "")]
     if s["devices"]:
         job_lines.append(f"Devices: {', '.join(s['devices'])}")
+    if s["unnamed_devices"]:
+        job_lines.append(f"{'Also ' if s['devices'] else 'Devices: '}{s['unnamed_devices']} "
+                         "per rank with no name in the trace's deviceProperties")
     if store is not None:
         job_lines.insert(0, f"Store: {store}")
     out = [Section("Job", job_lines)]

@@ -4,6 +4,8 @@ import sys
 
 import tracetool
 
+# every column, however narrow the terminal (DuckDB drops the middle ones to fit it)
+WIDTH = 10_000
 con = tracetool.connect(sys.argv[1])
 print("\nPer rank: events, steps and collectives")
 con.sql("""
@@ -15,9 +17,9 @@ con.sql("""
              AS collectives,
            (SELECT round(sum(dur_ns) / 1e6, 2) FROM collectives c
              WHERE c.job = f.job AND c.rank = f.rank) AS collective_ms
-    FROM trace_files f ORDER BY f.job, f.rank""").show()
-print("Collectives of rank 0")
+    FROM trace_files f ORDER BY f.job, f.rank""").show(max_width=WIDTH)
+print("Collectives of rank 0 of each job")
 con.sql("""
-    SELECT step, collective, backend, group_ranks, dtype, in_nelems, in_bytes,
+    SELECT job, step, collective, backend, group_ranks, dtype, in_nelems, in_bytes,
            round(dur_ns / 1e6, 3) AS transfer_ms
-    FROM collectives WHERE rank = 0 ORDER BY cpu_ts_ns""").show(max_rows=40)
+    FROM collectives WHERE rank = 0 ORDER BY job, cpu_ts_ns""").show(max_rows=40, max_width=WIDTH)

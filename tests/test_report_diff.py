@@ -406,3 +406,34 @@ def test_store_with_two_jobs_needs_a_job(tmp_path: Path) -> None:
     d = json.loads(stdout)
     assert (d["a"]["job"], d["b"]["job"]) == ("one", "two")
     assert d["metrics"][0]["delta_ns"] == 0
+
+
+@needs_traces
+def test_unnamed_devices_are_said_not_blank(tmp_path: Path) -> None:
+    """vLLM's ROCm trace lists 8 devices with empty names: the report says so (it printed a
+    blank 'Devices:')."""
+    src = SHARED_TRACES / ("AMD-AGI__TraceLens/tests/traces/inference/vllm_decode_full/"
+                           "graph_execution.json.gz")
+    names = json.loads(gzip.decompress(src.read_bytes()))["deviceProperties"]
+    assert [d["name"] for d in names] == [""] * 8
+    store = tmp_path / "s"
+    assert run("ingest", src, "--store", store)[0] == 0
+    code, out, err = run("report", store, "--out", tmp_path / "r")
+    assert code == 0, err
+    assert "\nDevices: 8 per rank with no name in the trace's deviceProperties\n" in out
+    code, out, _ = run("report", store, "--out", tmp_path / "r", "--json")
+    got = json.loads(out)
+    assert (got["devices"], got["unnamed_devices"]) == ([], 8)
+
+
+def test_main_summary_shows_every_column(sample_store: Path) -> None:
+    """scripts/summary.py (run by scripts/main.sh) prints every column on a narrow terminal
+    (DuckDB's show() dropped one: '9 columns (8 shown)')."""
+    r = subprocess.run([sys.executable, str(Path(__file__).parents[1] / "scripts/summary.py"),
+                        str(sample_store)], capture_output=True, text=True, timeout=120,
+                       env={"COLUMNS": "60", "PATH": "/usr/bin:/bin"})
+    assert r.returncode == 0, r.stderr
+    for col in ("job", "events_read", "events_stored", "events_quarantined", "steps",
+                "median_step_ms", "collectives", "collective_ms", "transfer_ms"):
+        assert f" {col} " in r.stdout, col
+    assert " shown)" not in r.stdout
