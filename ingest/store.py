@@ -273,11 +273,13 @@ class ObjectStoreWriter:
 
     def commit(self, job: str, rank: int, built: Path,
                recheck: Callable[[list[StoredFile]], bool] | None = None) -> bool:
-        """Upload a built partition and publish it in a new manifest of ``job``. The rank
-        must still be as the last ``stored_files()`` saw it (else CommitConflict: another
-        writer committed it meanwhile); when only other ranks or jobs changed, ``recheck``
-        (the caller's rules, on the store as it is now) decides again: False abandons the
-        commit (returned). The uploaded files are deleted when nothing is published."""
+        """Upload a built partition and publish it in a new manifest of ``job``.
+        ``recheck`` (the caller's rules, on the store as it is at each attempt) decides
+        first: False abandons the commit (returned; an identical ingest that committed
+        meanwhile makes this one a skip, as in a local store). Then the rank must still be
+        as the last ``stored_files()`` saw it (else CommitConflict: another writer committed
+        it meanwhile and ``recheck`` let this one replace it: --force). The uploaded files
+        are deleted when nothing is published."""
         base = self._seen.rank(job, rank) if self._seen else None
         one_part_per_table(built)
         commit = f"{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:16]}"
@@ -287,15 +289,18 @@ class ObjectStoreWriter:
 
         def change(now: objstore.Snapshot) -> dict[str, Any]:
             nonlocal abandoned
+            # the caller's rules first, as a local store applies them under its lock: the
+            # same bytes committed meanwhile by another writer (in this rank or another)
+            # make this one a skip, another file in this rank an error without --force
+            if recheck is not None and not recheck(_stored_of(now)):
+                abandoned = True
+                raise objstore.CommitConflict("abandoned")
             current = now.rank(job, rank)
             if (current or {}).get("commit") != (base or {}).get("commit"):
                 raise objstore.CommitConflict(
                     f"job {job} rank {rank} was committed by another writer while this one "
                     "uploaded it (nothing of this file was published): ingest it again, "
                     "with --force to replace that rank")
-            if recheck is not None and not recheck(_stored_of(now)):
-                abandoned = True
-                raise objstore.CommitConflict("abandoned")
             ranks = dict(now.manifests.get(job, {}).get("ranks", {}))
             ranks[str(rank)] = entry
             return ranks

@@ -453,3 +453,61 @@ def test_concurrent_readers_and_writer(bucket: str) -> None:
         stop.set()
         t.join(60)
     assert seen and all(len(set(s.values())) == 1 for s in seen)  # every table: n ranks
+
+
+def test_identical_ingests_at_once_one_ingested_the_others_skipped(
+        bucket: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Three ingests of one file as one rank, each reaching its pointer swap while the next
+    commits (the last wins the swap): one ingested, two skipped, as a local store says under
+    its lock; the losers' uploads deleted."""
+    url = f"s3://{bucket}/st"
+    results = []
+    real = objstore.ObjectStore.put
+    later = [lambda: results.extend(ingest([RANK0], Options(store=url, job="j", rank=0,
+                                                            workers=1)))] * 2
+
+    def put(self, rel, body, *, if_match=None):
+        if rel == objstore.POINTER and later:
+            later.pop()()  # another identical ingest commits before this swap
+        return real(self, rel, body, if_match=if_match)
+
+    monkeypatch.setattr(objstore.ObjectStore, "put", put)
+    code, out, err = run("ingest", RANK0, "--store", url, "--job", "j", "--rank", "0",
+                         "--json")
+    assert code == 0, err
+    first = json.loads(out)
+    assert [r.status for r in results] == ["ingested", "skipped"]  # the last, the middle
+    assert (first["status"], first["rank"]) == ("skipped", 0)
+    assert "already ingested as job j rank 0" in first["message"]
+    assert len(keys(bucket, "st/data/")) == TABLES_PER_RANK
+    assert objstore.ObjectStore(objstore.parse_location(url)).orphans(min_age_s=0) == []
+    con = tracetool.connect(url)
+    assert con.execute("SELECT rank, file_name FROM trace_files").fetchall() == [
+        (0, RANK0.name)]
+    con.close()
+
+
+def test_a_deleted_object_or_manifest_is_named(bucket: str) -> None:
+    """An object the current pointer leads to, deleted outside tracetool: one line naming
+    it (reading again cannot help), not "the store keeps changing"; --force repairs a rank."""
+    url = f"s3://{bucket}/st"
+    assert run("ingest", RANK0, "--store", url, "--job", "j", "--rank", "0")[0] == 0
+    (events,) = [k for k in keys(bucket, "st/data/") if "/events/" in k]
+    client().delete_object(Bucket=bucket, Key=events)
+    code, _, err = run("sql", url, "SELECT count(*) FROM events")
+    assert code == 1
+    assert error_line(err) == (
+        f"tracetool: error: {url}: {events.removeprefix('st/')}, job j rank 0's events file, "
+        "is missing (deleted outside tracetool?): ingest that rank again with --force")
+    assert run("ingest", RANK0, "--store", url, "--job", "j", "--rank", "0", "--force")[0] == 0
+    assert run("sql", url, "SELECT count(*) > 0 FROM events", "--json")[0] == 0
+    (manifest,) = keys(bucket, "st/_tracetool/manifests/")
+    client().delete_object(Bucket=bucket, Key=manifest)
+    for args in (("sql", url, "SELECT 1"), ("ingest", RANK1, "--store", url, "--job", "k")):
+        code, _, err = run(*args)
+        assert code == 1
+        rel = manifest.removeprefix("st/")
+        assert error_line(err) == (
+            f"tracetool: error: {url}: {rel}, the manifest of job j that "
+            f"{objstore.POINTER} names, is missing (deleted outside tracetool?): restore it, "
+            f"or remove job j from {objstore.POINTER}")

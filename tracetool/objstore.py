@@ -119,7 +119,9 @@ class CommitConflict(StoreError):
 
 
 class Missing(Exception):
-    """An object a manifest names is gone (superseded and deleted): read the pointer again."""
+    """An object a manifest names is gone: superseded and deleted (read the pointer again),
+    or, when the pointer has not changed since, deleted outside tracetool (``gone``).
+    ``args[0]`` is its key relative to the prefix."""
 
 
 _CLIENTS: dict[tuple[str | None, ...], Any] = {}
@@ -181,7 +183,9 @@ class ObjectStore:
     # --- objects -------------------------------------------------------------------------
 
     @contextlib.contextmanager
-    def _errors(self, what: str) -> Iterator[None]:
+    def _errors(self, what: str, key: str | None = None) -> Iterator[None]:
+        """Client errors as one-line StoreErrors saying ``what`` failed; an object that is
+        not there as ``Missing(key)``."""
         from botocore.exceptions import (
             BotoCoreError,
             ClientError,
@@ -199,7 +203,7 @@ class ObjectStore:
             if code in ("PreconditionFailed", "ConditionalRequestConflict") or status == 412:
                 raise PreconditionFailed(code) from None
             if code in ("NoSuchKey", "404"):
-                raise Missing(what) from None
+                raise Missing(key or what) from None
             if code == "NoSuchBucket":
                 raise StoreError(f"{url}: bucket {self.loc.bucket!r} does not exist (create "
                                  "it first)") from None
@@ -224,7 +228,7 @@ class ObjectStore:
     def get(self, rel: str) -> tuple[bytes, str] | None:
         """(body, ETag) of an object, None when there is none."""
         try:
-            with self._errors(f"reading {rel}"):
+            with self._errors(f"reading {rel}", rel):
                 r = self.client.get_object(Bucket=self.loc.bucket, Key=self.loc.key(rel))
                 return r["Body"].read(), r["ETag"]
         except Missing:
@@ -246,7 +250,7 @@ class ObjectStore:
 
     def download(self, rel: str, dest: Path) -> None:
         """Stream an object into ``dest`` (Missing when it is gone)."""
-        with self._errors(f"reading {rel}"):
+        with self._errors(f"reading {rel}", rel):
             r = self.client.get_object(Bucket=self.loc.bucket, Key=self.loc.key(rel))
             with dest.open("wb") as out:
                 for chunk in r["Body"].iter_chunks(1 << 20):
@@ -309,11 +313,24 @@ class ObjectStore:
             try:
                 manifests = {job: self.manifest(rel)
                              for job, rel in sorted(pointer.get("jobs", {}).items())}
-            except Missing:
+            except Missing as err:
+                job = next(j for j, r in pointer["jobs"].items() if r == err.args[0])
+                self.check_gone(got[1], f"{err.args[0]}, the manifest of job {job} that "
+                                f"{POINTER} names, is missing (deleted outside tracetool?): "
+                                f"restore it, or remove job {job} from {POINTER}")
                 continue
             return Snapshot(got[1], pointer, manifests)
         raise StoreError(f"{self.loc.url}: the store keeps changing under this reader: try "
                          "again")
+
+    def check_gone(self, etag: str | None, problem: str) -> None:
+        """After an object the pointer (of ETag ``etag``) led to turned out missing: when the
+        pointer is still that one, no commit superseded the object, so it was deleted outside
+        tracetool and reading again cannot help: a StoreError saying ``problem``. When the
+        pointer changed, the object was superseded: the caller reads again."""
+        now = self.get(POINTER)
+        if now is not None and now[1] == etag:
+            raise StoreError(f"{self.loc.url}: {problem}")
 
     def commit_job(self, job: str, fmt: int, change: Callable[[Snapshot], dict[str, Any]],
                    start: Snapshot | None = None) -> tuple[Snapshot, str]:
@@ -423,10 +440,23 @@ def current_files(store: ObjectStore, check: Callable[[Snapshot], None]
         check(snap)
         try:
             return local_copies(store, snap)
-        except Missing:
+        except Missing as err:
+            store.check_gone(snap.etag, f"{err.args[0]}, {_owner(snap, err.args[0])}, is "
+                             "missing (deleted outside tracetool?): ingest that rank again "
+                             "with --force")
             continue
     raise StoreError(f"{store.loc.url}: the store keeps changing under this reader: try "
                      "again")
+
+
+def _owner(snap: Snapshot, key: str) -> str:
+    """Whose file ``key`` is in ``snap``: "job J rank R's <table> file"."""
+    for job, man in snap.manifests.items():
+        for rank, entry in man.get("ranks", {}).items():
+            for f in entry["files"]:
+                if f["key"] == key:
+                    return f"job {job} rank {rank}'s {f['table']} file"
+    return "a file of the store"
 
 
 def local_copies(store: ObjectStore, snap: Snapshot) -> dict[str, list[Path]]:
