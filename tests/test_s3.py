@@ -418,7 +418,7 @@ def test_cache_is_bounded(bucket: str, tmp_path: Path) -> None:
     files = [f for fs in store_files(url).values() for f in fs]
     root = Path(os.environ["TRACETOOL_CACHE_DIR"])
     old = time.time() - 2 * objstore.CACHE_KEEP_S
-    for f in files:
+    for f in root.glob("objects/*/*/job=*/rank=*/*"):  # the copies and their marks
         os.utime(f, (old, old))
     objstore.trim_cache(root, keep=set(files[:3]), limit=0)
     assert [f for f in files if f.exists()] == files[:3]
@@ -511,3 +511,41 @@ def test_a_deleted_object_or_manifest_is_named(bucket: str) -> None:
             f"tracetool: error: {url}: {rel}, the manifest of job j that "
             f"{objstore.POINTER} names, is missing (deleted outside tracetool?): restore it, "
             f"or remove job j from {objstore.POINTER}")
+
+
+def test_a_cached_copy_damaged_in_place_is_fetched_again(
+        bucket: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A cached copy changed in place with its size kept: hashed again (its signature no
+    longer matches its mark), found wrong and fetched again, so the query's answer is the
+    store's; a warm open hashes nothing (the marks are one stat each)."""
+    url = f"s3://{bucket}/st"
+    assert run("ingest", RANK0, "--store", url, "--job", "j", "--rank", "0")[0] == 0
+    q = "SELECT count(*), sum(hash(e)) FROM events e"  # every column of every row
+    code, want, err = run("sql", url, q, "--json")  # a cold cache: every copy fetched
+    assert code == 0, err
+    hashed = []
+    real = objstore.sha256_file
+    monkeypatch.setattr(objstore, "sha256_file", lambda p: hashed.append(p) or real(p))
+    calls = counting(monkeypatch)
+    assert run("sql", url, q, "--json")[1] == want
+    assert hashed == [] and calls == {"GetObject": 2}  # warm: the pointer, the manifest
+    (events,) = store_files(url)["events"]
+    events.chmod(0o644)
+    body = bytearray(events.read_bytes())
+    mid = len(body) // 2
+    body[mid:mid + 4096] = bytes(b ^ 0xFF for b in body[mid:mid + 4096])
+    with events.open("r+b") as f:  # in place: the same inode, the same size
+        f.write(body)
+    calls.clear()
+    code, out, err = run("sql", url, q, "--json")
+    assert (code, out) == (0, want), err
+    root = Path(os.environ["TRACETOOL_CACHE_DIR"])
+    assert hashed[0] == events and hashed[1].parent == root / "tmp"  # the copy, the download
+    assert len(hashed) == 2 and calls == {"GetObject": 3}  # pointer, manifest, the copy
+    snap = objstore.ObjectStore(objstore.parse_location(url)).snapshot()
+    (entry,) = [f for f in snap.rank("j", 0)["files"] if f["table"] == "events"]
+    assert real(events) == entry["sha256"]
+    calls.clear()
+    hashed.clear()
+    assert run("sql", url, q, "--json")[1] == want  # marked again: warm
+    assert hashed == [] and calls == {"GetObject": 2}

@@ -461,8 +461,9 @@ def _owner(snap: Snapshot, key: str) -> str:
 
 def local_copies(store: ObjectStore, snap: Snapshot) -> dict[str, list[Path]]:
     """Each table's files of ``snap`` as local copies, fetched into the cache when missing
-    (in parallel, sha256 checked; Missing when one is gone), ordered as a local store lists
-    them; the cache is then trimmed to TRACETOOL_CACHE_BYTES, least recently used first."""
+    or not verified (``_verified``; in parallel, sha256 checked; Missing when one is gone),
+    ordered as a local store lists them; the cache is then trimmed to TRACETOOL_CACHE_BYTES,
+    least recently used first."""
     root = cache_root()
     want: list[tuple[str, Path, dict[str, Any]]] = []  # (sort key, copy, entry)
     for job, man in snap.manifests.items():
@@ -471,19 +472,64 @@ def local_copies(store: ObjectStore, snap: Snapshot) -> dict[str, list[Path]]:
                 order = f"job={job}/rank={rank}/{f['table']}/{f.get('part', '')}"
                 want.append((order, local_path(root, job, rank, f), f))
     want.sort(key=lambda w: w[0])
-    missing = [(p, f) for _, p, f in want if _size(p) != f["bytes"]]  # a damaged one too
-    if missing:
+    marks = {p: _verified(p, f) for _, p, f in want}
+    unsure = [(p, f) for p, f in ((p, f) for _, p, f in want) if marks[p] is None]
+    if unsure:
         (root / "tmp").mkdir(parents=True, exist_ok=True)
-        with ThreadPoolExecutor(min(FETCH_THREADS, len(missing))) as pool:
-            list(pool.map(lambda pf: _fetch(store, *pf, root / "tmp"), missing))
+        with ThreadPoolExecutor(min(FETCH_THREADS, len(unsure))) as pool:
+            for (p, _), mark in zip(unsure, pool.map(
+                    lambda pf: _check_or_fetch(store, *pf, root / "tmp"), unsure), strict=True):
+                marks[p] = mark
     now = time.time()
     out: dict[str, list[Path]] = {}
     for _, p, f in want:
         with contextlib.suppress(OSError):
-            os.utime(p, (now, now))  # recently used: not evicted
+            os.utime(marks[p], (now, now))  # recently used: not evicted (the copy's own
+            # times are left alone: they are part of its signature)
         out.setdefault(f["table"], []).append(p)
     trim_cache(root, {p for _, p, _ in want})
     return out
+
+
+VERIFIED = ".verified-"  # <copy name>.verified-<signature>: the copy's mark
+
+
+def _signature(st: os.stat_result) -> str:
+    """What changes whenever a file's bytes can have: its inode, size, mtime and ctime (a
+    write in place sets the ctime to now, which no user can set back)."""
+    return f"{st.st_ino}-{st.st_size}-{st.st_mtime_ns}-{st.st_ctime_ns}"
+
+
+def _verified(p: Path, f: dict[str, Any]) -> Path | None:
+    """The mark of a cached copy whose sha256 was checked and which has not changed since
+    (an empty file named after the copy's signature, one ``stat`` to look up), else None:
+    the copy must be hashed, or fetched."""
+    try:
+        st = p.stat()
+    except OSError:
+        return None
+    mark = p.with_name(f"{p.name}{VERIFIED}{_signature(st)}")
+    return mark if st.st_size == f["bytes"] and mark.exists() else None
+
+
+def _mark(p: Path) -> Path:
+    """Record that ``p`` (just checked against its sha256) is good as it is now."""
+    mark = p.with_name(f"{p.name}{VERIFIED}{_signature(p.stat())}")
+    for old in p.parent.glob(f"{p.name}{VERIFIED}*"):
+        if old != mark:
+            old.unlink(missing_ok=True)
+    mark.touch()
+    return mark
+
+
+def _check_or_fetch(store: ObjectStore, dest: Path, f: dict[str, Any], tmpdir: Path) -> Path:
+    """A copy not marked verified: hashed when it is there with the right size (marked
+    if it matches: a copy touched but not changed, or one cached before marks), else (or
+    when it does not match: damaged in place) fetched again. Returns its mark."""
+    if _size(dest) == f["bytes"] and sha256_file(dest) == f["sha256"]:
+        return _mark(dest)
+    _fetch(store, dest, f, tmpdir)
+    return _mark(dest)
 
 
 def _size(p: Path) -> int | None:
@@ -513,20 +559,29 @@ def trim_cache(root: Path, keep: set[Path], limit: int | None = None) -> None:
     CACHE_KEEP_S seconds (another reader may have views over it)."""
     limit = limit if limit is not None else int(os.environ.get("TRACETOOL_CACHE_BYTES",
                                                                CACHE_BYTES))
-    files = []
-    for p in (root / "objects").glob("*/*/job=*/rank=*/*.parquet"):
+    used: dict[Path, float] = {}  # a copy's last use: its mark's mtime, else its own
+    sizes: dict[Path, int] = {}
+    marks: dict[Path, list[Path]] = {}
+    for p in (root / "objects").glob("*/*/job=*/rank=*/*"):
         with contextlib.suppress(OSError):
             st = p.stat()
-            files.append((st.st_mtime, st.st_size, p))
-    total = sum(s for _, s, _ in files)
+            copy = p.with_name(p.name.split(VERIFIED, 1)[0])
+            if copy != p:
+                marks.setdefault(copy, []).append(p)
+            elif p.suffix == ".parquet":
+                sizes[p] = st.st_size
+            used[copy] = max(used.get(copy, 0.0), st.st_mtime)
+    total = sum(sizes.values())
     cutoff = time.time() - CACHE_KEEP_S
-    for mtime, size, p in sorted(files):
+    for p in sorted(sizes, key=lambda p: used[p]):
         if total <= limit:
             break
-        if p in keep or mtime > cutoff:
+        if p in keep or used[p] > cutoff:
             continue
         with contextlib.suppress(OSError):
             p.unlink()
-            total -= size
+            total -= sizes[p]
+            for mark in marks.get(p, []):
+                mark.unlink(missing_ok=True)
             if not any(p.parents[2].rglob("*.parquet")):  # the sha256's directory
                 shutil.rmtree(p.parents[2], ignore_errors=True)
