@@ -35,10 +35,12 @@ from tracetool import objstore
 from tracetool.errors import StoreError
 from tracetool.store_views import STORE_FORMAT, StoreFormatError, check_format
 
-from .lock import StoreLock, owner_gone, owner_tag
+from .lock import StoreLock, owner_elsewhere, owner_gone, owner_tag
 from .options import UsageProblem
 
 RETIRE_GRACE_S = 2.0  # a replaced partition stays readable this long for queries under way
+WRITER_STALE_S = 24 * 3600.0  # an object store writer's record from another host, this old,
+# is of a dead writer (on this host, its process is looked up): no rank's upload takes longer
 JOB_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]*$")
 MAX_JOB_NAME = 200  # the job=<name> directory must fit a file name (255 bytes)
 
@@ -257,13 +259,21 @@ class ObjectStoreWriter:
         return d
 
     def reclaim(self) -> list[str]:
-        """Remove the work directories of dead ingests on this host."""
+        """Remove the work directories of dead ingests on this host, and what dead writers
+        left in the store (``ObjectStore.collect``): the objects named by a writer's record
+        (``commit``) whose process on this host is gone, or, from another host, that is
+        over WRITER_STALE_S old, and that the pointer does not reference. One LIST of the
+        records per ingest. Returns the names removed (directories, then keys)."""
         removed = []
         for entry in sorted(self.tmp.iterdir()) if self.tmp.is_dir() else []:
             if owner_gone(entry.name):
                 shutil.rmtree(entry, ignore_errors=True)
                 removed.append(entry.name)
-        return removed
+        now = time.time()
+        dead = [k for k, modified in self.remote.records()
+                if owner_gone(k.rsplit("/", 1)[-1]) or (owner_elsewhere(k.rsplit("/", 1)[-1])
+                                                        and now - modified > WRITER_STALE_S)]
+        return removed + self.remote.collect(dead)
 
     def stored_files(self) -> list[StoredFile]:
         """What the store holds, from its manifests (one GET of the pointer, and one per job
@@ -286,6 +296,16 @@ class ObjectStoreWriter:
         entry, paths = objstore.rank_entry(job, rank, built, commit, _trace_files(built))
         uploaded: list[str] = []
         abandoned = False
+        # what a kill from now on may leave, for the next writer to collect (``reclaim``):
+        # the uploads and manifests of this commit, and what it supersedes if it lands
+        seen_manifest = (self._seen.pointer.get("jobs", {}).get(job) if self._seen else None)
+        record = f"{objstore.WRITERS}/{owner_tag()}-{uuid.uuid4().hex}.json"
+        self.remote.put(record, json.dumps({
+            "started": time.time(), "job": job, "rank": rank,
+            "keys": [f["key"] for f in entry["files"]]
+                    + [f["key"] for f in (base or {}).get("files", [])]
+                    + ([seen_manifest] if seen_manifest else []),
+            "manifests": objstore.manifest_prefix(job, commit)}).encode())
 
         def change(now: objstore.Snapshot) -> dict[str, Any]:
             nonlocal abandoned
@@ -311,19 +331,24 @@ class ObjectStoreWriter:
                 uploaded.append(f["key"])
             empty = objstore.Snapshot(None, {"format": STORE_FORMAT, "jobs": {}})
             before, _ = self.remote.commit_job(  # first against what stored_files() read
-                job, STORE_FORMAT, change, start=(self._seen or empty) if self._read else None)
+                job, STORE_FORMAT, change, start=(self._seen or empty) if self._read else None,
+                name=commit)
         except BaseException as err:
-            if isinstance(err, Exception):  # a kill leaves orphans (ObjectStore.orphans)
-                self.remote.delete(uploaded)
+            if isinstance(err, Exception):  # an interrupt: the next writer collects them
+                self.remote.delete(uploaded + [record])
             if abandoned:
                 return False
             raise
-        if job in before.pointer.get("jobs", {}):  # a reader that misses it reads again
-            self.remote.delete([before.pointer["jobs"][job]])
+        superseded = [before.pointer["jobs"][job]] if job in before.pointer.get("jobs", {}) \
+            else []  # deleted now: a reader that misses it reads again
         old = before.rank(job, rank)
-        if old:  # replaced (--force): readers fetching it get a grace
-            self._retired.append((time.monotonic(), [f["key"] for f in old["files"]]))
+        if old:  # replaced (--force): readers fetching it get a grace; the record goes last
+            self.remote.delete(superseded)
+            self._retired.append((time.monotonic(), [f["key"] for f in old["files"]]
+                                  + [record]))
             self.remove_retired(wait=False)
+        else:
+            self.remote.delete(superseded + [record])
         return True
 
     def remove_retired(self, wait: bool = True) -> None:

@@ -26,6 +26,7 @@ from moto.server import ThreadedMotoServer
 
 import tracetool
 from tracetool import objstore
+from tracetool.ingest.lock import owner_tag
 from tracetool.ingest.pipeline import Options, ingest
 from tracetool.store_views import store_files
 
@@ -167,15 +168,18 @@ def test_requests_per_rank_and_per_reader_open(bucket: str, tmp_path: Path,
     calls.clear()
     assert run("ingest", RANK1, "--store", url, "--job", "j", "--rank", "1")[0] == 0
     second = dict(calls)
-    # a rank: its 12 files, the job's new manifest, the pointer swap (3 GETs of the
-    # pointer: the bucket check, what the store holds at the start, and again before the
-    # commit; one GET of the job's manifest; one delete of the manifest it superseded)
-    assert second == {"PutObject": TABLES_PER_RANK + 2, "GetObject": 4, "DeleteObjects": 1}
-    assert first == {"PutObject": TABLES_PER_RANK + 2, "GetObject": 3}  # the pointer: 404
+    # a rank: the writer's record, its 12 files, the job's new manifest, the pointer swap
+    # (3 GETs of the pointer: the bucket check, what the store holds at the start, and
+    # again before the commit; one GET of the job's manifest; one delete of the manifest it
+    # superseded and the record); a run: one LIST of the writers' records
+    assert second == {"PutObject": 1 + TABLES_PER_RANK + 2, "GetObject": 4,
+                      "DeleteObjects": 1, "ListObjectsV2": 1}
+    assert first == {"PutObject": 1 + TABLES_PER_RANK + 2, "GetObject": 3,  # pointer: 404
+                     "DeleteObjects": 1, "ListObjectsV2": 1}
     calls.clear()
     assert run("ingest", SAMPLES, "--store", f"s3://{bucket}/two")[0] == 0  # 2 ranks, 1 run
-    assert calls == {"PutObject": 2 * (TABLES_PER_RANK + 2), "GetObject": 2 + 2,
-                     "DeleteObjects": 1}
+    assert calls == {"PutObject": 2 * (1 + TABLES_PER_RANK + 2), "GetObject": 2 + 2,
+                     "DeleteObjects": 2, "ListObjectsV2": 1}
     calls.clear()
     files = store_files(url)  # a reader open, cold cache: pointer, manifest, every file
     assert calls == {"GetObject": 2 + 2 * TABLES_PER_RANK}
@@ -236,10 +240,12 @@ def test_a_writer_killed_mid_upload_changes_nothing(bucket: str, tmp_path: Path)
     assert table_rows(url) == rows
     orphans = objstore.ObjectStore(objstore.parse_location(url)).orphans(min_age_s=0)
     assert len(orphans) == 3 and all("/rank=1/" in k for k in orphans)
-    # the next ingest of that rank commits normally
+    # the next ingest of that rank commits normally, and collects what the killed one left
     assert run("ingest", RANK1, "--store", url, "--job", "j", "--rank", "1")[0] == 0
     assert sorted(table_rows(url)["trace_files"], key=repr) != sorted(rows["trace_files"],
                                                                        key=repr)
+    assert objstore.ObjectStore(objstore.parse_location(url)).orphans(min_age_s=0) == []
+    assert keys(bucket, f"st/{objstore.WRITERS}/") == []
 
 
 def test_a_failure_between_uploads_publishes_nothing(bucket: str,
@@ -549,3 +555,64 @@ def test_a_cached_copy_damaged_in_place_is_fetched_again(
     hashed.clear()
     assert run("sql", url, q, "--json")[1] == want  # marked again: warm
     assert hashed == [] and calls == {"GetObject": 2}
+
+
+def test_orphans_of_a_writer_killed_mid_upload_are_collected_by_the_next(
+        bucket: str, tmp_path: Path) -> None:
+    """SIGTERM after 5 of a rank's 12 uploads: exit 143, nothing published, 5 unreferenced
+    objects and the writer's record left; the next writer (of another job) deletes exactly
+    those 6 and nothing the store references."""
+    url = f"s3://{bucket}/st"
+    assert run("ingest", RANK0, "--store", url, "--job", "j", "--rank", "0")[0] == 0
+    marker = tmp_path / "uploaded-5"
+    script = (
+        "import sys, time\n"
+        "import tracetool.objstore as o\n"
+        "real, n = o.ObjectStore.upload, [0]\n"
+        "def upload(self, path, rel):\n"
+        "    real(self, path, rel); n[0] += 1\n"
+        "    if n[0] == 5:\n"
+        "        open(sys.argv[1], 'w').close(); time.sleep(120)\n"
+        "o.ObjectStore.upload = upload\n"
+        "from tracetool.cli import cli\n"
+        "cli(sys.argv[2:])\n")
+    proc = subprocess.Popen([sys.executable, "-c", script, str(marker), "ingest", str(RANK1),
+                             "--store", url, "--job", "j", "--rank", "1", "--workers", "1"],
+                            cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 120
+        while not marker.exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert marker.exists(), proc.stderr.read().decode() if proc.poll() is not None else ""
+        os.kill(proc.pid, signal.SIGTERM)
+        assert proc.wait(60) == 143
+    finally:
+        proc.kill()
+        proc.wait(30)
+    store = objstore.ObjectStore(objstore.parse_location(url))
+    before = set(keys(bucket, "st/"))
+    left = set(keys(bucket, "st/data/job=j/rank=1/")) | set(
+        keys(bucket, f"st/{objstore.WRITERS}/"))
+    assert len(left) == 5 + 1
+    assert {f"st/{k}" for k in store.orphans(min_age_s=0)} == left - set(
+        keys(bucket, f"st/{objstore.WRITERS}/"))
+    # the record of a dead writer of this host killed after its swap (what it names is
+    # referenced: kept), and a live one of another host's (kept, with what it names)
+    live = sorted(objstore._referenced(store.snapshot()))
+    host = owner_tag().split("-")[0]
+    for name, named in ((f"{host}-999999999-1-a", live), ("elsewhere-1-1-b", ["data/x"])):
+        client().put_object(Bucket=bucket, Key=f"st/{objstore.WRITERS}/{name}.json",
+                            Body=json.dumps({"keys": named}).encode())
+    client().put_object(Bucket=bucket, Key="st/data/x", Body=b"x")
+    before = set(keys(bucket, "st/"))
+    assert run("ingest", RANK1, "--store", url, "--job", "k")[0] == 0
+    snap = store.snapshot()
+    added = {f"st/{snap.pointer['jobs']['k']}"} | {
+        f"st/{f['key']}" for f in snap.rank("k", 1)["files"]}
+    assert set(keys(bucket, "st/")) == (before - left - {
+        f"st/{objstore.WRITERS}/{host}-999999999-1-a.json"}) | added
+    assert store.orphans(min_age_s=0) == ["data/x"]
+    con = tracetool.connect(url)
+    assert con.execute("SELECT job, rank, file_name FROM trace_files ORDER BY job").fetchall() \
+        == [("j", 0, RANK0.name), ("k", 1, RANK1.name)]
+    con.close()

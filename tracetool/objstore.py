@@ -8,12 +8,15 @@ becomes a manifest. Under the prefix (keys relative to it):
 - ``_tracetool/current.json``: the pointer, ``{"format", "jobs": {job: manifest key}}``;
 - ``_tracetool/manifests/job=J/<id>.json``: one job's manifest, per rank its trace files and
   its Parquet files (key, table, rows, bytes, sha256), never changed once written;
-- ``data/job=J/rank=R/<table>/<id>-part-N.parquet``: the ranks' files, never overwritten.
+- ``data/job=J/rank=R/<table>/<id>-part-N.parquet``: the ranks' files, never overwritten;
+- ``_tracetool/writers/<owner>-<uuid>.json``: one per commit under way, naming what a kill
+  would leave (``collect``).
 
 A commit uploads the rank's files under fresh names, writes a new manifest of the job
 (create-if-absent, ``If-None-Match: *``), then swaps the pointer to it with ``If-Match`` on
 the ETag it read (``If-None-Match: *`` for the first commit of a store). A writer killed
-before the swap leaves only unreferenced objects; one that loses the swap to another reads
+before the swap leaves only unreferenced objects and its record, which the next writer
+collects once the record's owner is dead; one that loses the swap to another reads
 the pointer again and retries when the change was another rank's (``commit_job``). Readers
 never list: one GET of the pointer, one per job manifest, then the files the manifests name.
 
@@ -52,6 +55,7 @@ SCHEMES = ("s3",)
 URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://(.*)$")
 POINTER = "_tracetool/current.json"
 MANIFESTS = "_tracetool/manifests"
+WRITERS = "_tracetool/writers"  # one record per commit under way: what it may leave behind
 COMMIT_ATTEMPTS = 30  # pointer swaps lost in a row before a commit gives up
 RETRY_SLEEP_S = 0.05  # times the attempt number, jittered
 FETCH_THREADS = 8
@@ -333,19 +337,22 @@ class ObjectStore:
             raise StoreError(f"{self.loc.url}: {problem}")
 
     def commit_job(self, job: str, fmt: int, change: Callable[[Snapshot], dict[str, Any]],
-                   start: Snapshot | None = None) -> tuple[Snapshot, str]:
+                   start: Snapshot | None = None, name: str | None = None
+                   ) -> tuple[Snapshot, str]:
         """Publish a new manifest of ``job``: ``change(snapshot)`` gives the job's ranks from
         the store as it is now (raising CommitConflict when it must not go ahead); the
         manifest is written create-if-absent, then the pointer swapped with If-Match. A
         lost swap (another writer committed meanwhile) reads the store again and asks
         ``change`` again. ``start``: a snapshot just read, for the first attempt (the swap
-        checks it is still current). Returns the snapshot the commit was based on and the
-        new manifest's key."""
+        checks it is still current). ``name``: the manifests are ``manifest_prefix(job,
+        name)`` + the attempt (what a writer's record names), else a fresh name each.
+        Returns the snapshot the commit was based on and the new manifest's key."""
         for attempt in range(COMMIT_ATTEMPTS):
             snap = (start if attempt == 0 and start is not None else self.snapshot()
                     or Snapshot(None, {"format": fmt, "jobs": {}}))
             ranks = change(snap)
-            rel = f"{MANIFESTS}/job={job}/{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex}.json"
+            rel = (f"{manifest_prefix(job, name)}{attempt:02d}.json" if name else
+                   f"{MANIFESTS}/job={job}/{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex}.json")
             body = json.dumps({"format": fmt, "job": job, "ranks": ranks},
                               separators=(",", ":"), sort_keys=True).encode()
             self.put(rel, body)
@@ -364,20 +371,63 @@ class ObjectStore:
                          f"under {COMMIT_ATTEMPTS} attempts in a row (too many writers at "
                          "once?): ingest again")
 
+    def records(self) -> list[tuple[str, float]]:
+        """(key, last-modified) of every writer's record (``WRITERS``): the commits under
+        way, and those of writers killed before they finished (one LIST)."""
+        return self.list(f"{WRITERS}/")
+
+    def collect(self, records: Sequence[str]) -> list[str]:
+        """Remove what the writers of ``records`` (dead: the caller knows) left: of the
+        objects a record names (its uploads, the manifests under its prefix, what its
+        commit would supersede), those the current pointer does not reference, then the
+        record. Referenced ones stay (a writer killed after its swap committed them), and
+        none can become referenced later: their names were the dead writer's alone.
+        Returns the keys deleted, records included."""
+        if not records:
+            return []
+        snap = self.snapshot()
+        live = _referenced(snap)
+        gone: list[str] = []  # the objects, then the records
+        for rel in records:
+            got = self.get(rel)
+            try:
+                doc = json.loads(got[0]) if got else {}
+                named = [str(k) for k in doc.get("keys", [])]
+                prefix = doc.get("manifests")
+            except (ValueError, AttributeError):
+                named, prefix = [], None  # a damaged record: only itself goes
+            if isinstance(prefix, str) and prefix.startswith(f"{MANIFESTS}/"):
+                named += [k for k, _ in self.list(prefix)]
+            gone += sorted({k for k in named if k not in live and not k.startswith(
+                f"{WRITERS}/")})
+        self.delete(gone)  # then the records: a collection cut short is done again
+        self.delete(list(records))
+        return gone + list(records)
+
     def orphans(self, min_age_s: float = 3600.0) -> list[str]:
         """Objects no manifest of the current pointer references (left by killed writers, or
         superseded and not yet deleted), older than ``min_age_s`` so that a commit under way
         is never among them."""
-        snap = self.snapshot()
-        live = {POINTER}
-        if snap is not None:
-            live |= set(snap.pointer.get("jobs", {}).values())
-            live |= {f["key"] for m in snap.manifests.values()
-                     for r in m.get("ranks", {}).values() for f in r["files"]}
+        live = _referenced(self.snapshot())
         now = time.time()
         return sorted(k for prefix in ("data/", f"{MANIFESTS}/")
                       for k, modified in self.list(prefix)
                       if k not in live and now - modified >= min_age_s)
+
+
+def _referenced(snap: Snapshot | None) -> set[str]:
+    """The keys ``snap`` uses: the pointer, every job's manifest and every file they name."""
+    live = {POINTER}
+    if snap is not None:
+        live |= set(snap.pointer.get("jobs", {}).values())
+        live |= {f["key"] for m in snap.manifests.values()
+                 for r in m.get("ranks", {}).values() for f in r["files"]}
+    return live
+
+
+def manifest_prefix(job: str, name: str) -> str:
+    """Where the manifests of the commit named ``name`` go (``<prefix>NN.json``)."""
+    return f"{MANIFESTS}/job={job}/{name}-"
 
 
 def rank_entry(job: str, rank: int, built: Path, commit: str,
@@ -513,12 +563,14 @@ def _verified(p: Path, f: dict[str, Any]) -> Path | None:
 
 
 def _mark(p: Path) -> Path:
-    """Record that ``p`` (just checked against its sha256) is good as it is now."""
+    """Record that ``p`` (just checked against its sha256) is good as it is now (best
+    effort: a cache this user cannot write is only hashed again next time)."""
     mark = p.with_name(f"{p.name}{VERIFIED}{_signature(p.stat())}")
-    for old in p.parent.glob(f"{p.name}{VERIFIED}*"):
-        if old != mark:
-            old.unlink(missing_ok=True)
-    mark.touch()
+    with contextlib.suppress(OSError):
+        for old in p.parent.glob(f"{p.name}{VERIFIED}*"):
+            if old != mark:
+                old.unlink(missing_ok=True)
+        mark.touch()
     return mark
 
 
