@@ -271,8 +271,7 @@ class ObjectStoreWriter:
                 removed.append(entry.name)
         now = time.time()
         dead = [k for k, modified in self.remote.records()
-                if owner_gone(k.rsplit("/", 1)[-1]) or (owner_elsewhere(k.rsplit("/", 1)[-1])
-                                                        and now - modified > WRITER_STALE_S)]
+                if writer_dead(k.rsplit("/", 1)[-1], now - modified)]
         return removed + self.remote.collect(dead)
 
     def stored_files(self) -> list[StoredFile]:
@@ -360,6 +359,13 @@ class ObjectStoreWriter:
 
     def cleanup(self, workdir: Path) -> None:
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+def writer_dead(name: str, age_s: float) -> bool:
+    """Whether the object store writer whose record is ``name`` (``<owner tag>-<uuid>.json``),
+    last written ``age_s`` ago, is dead: on this host, its process is gone; on another,
+    the record is over WRITER_STALE_S old. Not an owner tag: never (left alone)."""
+    return owner_gone(name) or (owner_elsewhere(name) and age_s > WRITER_STALE_S)
 
 
 def one_part_per_table(built: Path) -> None:

@@ -26,6 +26,7 @@ from moto.server import ThreadedMotoServer
 
 import tracetool
 from tracetool import objstore
+from tracetool.ingest import store as writer_store
 from tracetool.ingest.lock import owner_tag
 from tracetool.ingest.pipeline import Options, ingest
 from tracetool.store_views import store_files
@@ -616,3 +617,15 @@ def test_orphans_of_a_writer_killed_mid_upload_are_collected_by_the_next(
     assert con.execute("SELECT job, rank, file_name FROM trace_files ORDER BY job").fetchall() \
         == [("j", 0, RANK0.name), ("k", 1, RANK1.name)]
     con.close()
+
+
+def test_which_writers_are_dead() -> None:
+    """A record's writer: on this host, dead when its process is; on another host (whose
+    processes this one cannot see), when its record is over WRITER_STALE_S old."""
+    me, stale = owner_tag(), writer_store.WRITER_STALE_S
+    host = me.split("-")[0]
+    assert not writer_store.writer_dead(f"{me}-a.json", 10 * stale)  # alive: never
+    assert writer_store.writer_dead(f"{host}-999999999-1-a.json", 0)  # gone: at once
+    assert not writer_store.writer_dead("elsewhere-1-1-a.json", stale - 1)
+    assert writer_store.writer_dead("elsewhere-1-1-a.json", stale + 1)
+    assert not writer_store.writer_dead("not-a-tag.json", 10 * stale)
