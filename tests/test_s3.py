@@ -268,6 +268,7 @@ def test_a_failure_between_uploads_publishes_nothing(bucket: str,
     assert pointer(bucket) == before
     assert table_rows(url) == rows
     assert objstore.ObjectStore(objstore.parse_location(url)).orphans(min_age_s=0) == []
+    assert keys(bucket, f"st/{objstore.WRITERS}/") == []  # the failed writer's record too
 
 
 def race(monkeypatch: pytest.MonkeyPatch, other: callable) -> None:
@@ -488,6 +489,7 @@ def test_identical_ingests_at_once_one_ingested_the_others_skipped(
     assert "already ingested as job j rank 0" in first["message"]
     assert len(keys(bucket, "st/data/")) == TABLES_PER_RANK
     assert objstore.ObjectStore(objstore.parse_location(url)).orphans(min_age_s=0) == []
+    assert keys(bucket, f"st/{objstore.WRITERS}/") == []  # every writer's record deleted
     con = tracetool.connect(url)
     assert con.execute("SELECT rank, file_name FROM trace_files").fetchall() == [
         (0, RANK0.name)]
