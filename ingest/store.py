@@ -39,8 +39,9 @@ from .lock import StoreLock, owner_elsewhere, owner_gone, owner_tag
 from .options import UsageProblem
 
 RETIRE_GRACE_S = 2.0  # a replaced partition stays readable this long for queries under way
-WRITER_STALE_S = 24 * 3600.0  # an object store writer's record from another host, this old,
-# is of a dead writer (on this host, its process is looked up): no rank's upload takes longer
+# an object store writer's record from another host this old is a dead writer's (on this
+# host its process is looked up): no rank's upload and commit take that long
+WRITER_STALE_S = 24 * 3600.0
 JOB_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]*$")
 MAX_JOB_NAME = 200  # the job=<name> directory must fit a file name (255 bytes)
 
@@ -333,7 +334,7 @@ class ObjectStoreWriter:
                 job, STORE_FORMAT, change, start=(self._seen or empty) if self._read else None,
                 name=commit)
         except BaseException as err:
-            if isinstance(err, Exception):  # an interrupt: the next writer collects them
+            if isinstance(err, Exception):  # (an interrupt leaves them to the next writer)
                 self.remote.delete(uploaded + [record])
             if abandoned:
                 return False

@@ -124,7 +124,7 @@ class CommitConflict(StoreError):
 
 class Missing(Exception):
     """An object a manifest names is gone: superseded and deleted (read the pointer again),
-    or, when the pointer has not changed since, deleted outside tracetool (``gone``).
+    or, when the pointer has not changed since, deleted outside tracetool (``check_gone``).
     ``args[0]`` is its key relative to the prefix."""
 
 
@@ -523,7 +523,7 @@ def local_copies(store: ObjectStore, snap: Snapshot) -> dict[str, list[Path]]:
                 want.append((order, local_path(root, job, rank, f), f))
     want.sort(key=lambda w: w[0])
     marks = {p: _verified(p, f) for _, p, f in want}
-    unsure = [(p, f) for p, f in ((p, f) for _, p, f in want) if marks[p] is None]
+    unsure = [(p, f) for _, p, f in want if marks[p] is None]
     if unsure:
         (root / "tmp").mkdir(parents=True, exist_ok=True)
         with ThreadPoolExecutor(min(FETCH_THREADS, len(unsure))) as pool:
