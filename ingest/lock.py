@@ -73,6 +73,13 @@ def owner_gone(name: str) -> bool:
     return not _alive(int(parts[1]), parts[2])
 
 
+def owner_elsewhere(name: str) -> bool:
+    """True when ``name`` starts with the owner tag of a process on another host (whose
+    liveness this host cannot see)."""
+    parts = name.split("-")
+    return len(parts) >= 4 and parts[1].isdigit() and parts[0] != _host()
+
+
 class StoreLock:
     """Exclusive lock on a store for commits and reclaiming (a context manager)."""
 

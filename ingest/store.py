@@ -35,10 +35,13 @@ from tracetool import objstore
 from tracetool.errors import StoreError
 from tracetool.store_views import STORE_FORMAT, StoreFormatError, check_format
 
-from .lock import StoreLock, owner_gone, owner_tag
+from .lock import StoreLock, owner_elsewhere, owner_gone, owner_tag
 from .options import UsageProblem
 
 RETIRE_GRACE_S = 2.0  # a replaced partition stays readable this long for queries under way
+# an object store writer's record from another host this old is a dead writer's (on this
+# host its process is looked up): no rank's upload and commit take that long
+WRITER_STALE_S = 24 * 3600.0
 JOB_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]*$")
 MAX_JOB_NAME = 200  # the job=<name> directory must fit a file name (255 bytes)
 
@@ -257,13 +260,20 @@ class ObjectStoreWriter:
         return d
 
     def reclaim(self) -> list[str]:
-        """Remove the work directories of dead ingests on this host."""
+        """Remove the work directories of dead ingests on this host, and what dead writers
+        left in the store (``ObjectStore.collect``): the objects named by a writer's record
+        (``commit``) whose process on this host is gone, or, from another host, that is
+        over WRITER_STALE_S old, and that the pointer does not reference. One LIST of the
+        records per ingest. Returns the names removed (directories, then keys)."""
         removed = []
         for entry in sorted(self.tmp.iterdir()) if self.tmp.is_dir() else []:
             if owner_gone(entry.name):
                 shutil.rmtree(entry, ignore_errors=True)
                 removed.append(entry.name)
-        return removed
+        now = time.time()
+        dead = [k for k, modified in self.remote.records()
+                if writer_dead(k.rsplit("/", 1)[-1], now - modified)]
+        return removed + self.remote.collect(dead)
 
     def stored_files(self) -> list[StoredFile]:
         """What the store holds, from its manifests (one GET of the pointer, and one per job
@@ -273,29 +283,44 @@ class ObjectStoreWriter:
 
     def commit(self, job: str, rank: int, built: Path,
                recheck: Callable[[list[StoredFile]], bool] | None = None) -> bool:
-        """Upload a built partition and publish it in a new manifest of ``job``. The rank
-        must still be as the last ``stored_files()`` saw it (else CommitConflict: another
-        writer committed it meanwhile); when only other ranks or jobs changed, ``recheck``
-        (the caller's rules, on the store as it is now) decides again: False abandons the
-        commit (returned). The uploaded files are deleted when nothing is published."""
+        """Upload a built partition and publish it in a new manifest of ``job``.
+        ``recheck`` (the caller's rules, on the store as it is at each attempt) decides
+        first: False abandons the commit (returned; an identical ingest that committed
+        meanwhile makes this one a skip, as in a local store). Then the rank must still be
+        as the last ``stored_files()`` saw it (else CommitConflict: another writer committed
+        it meanwhile and ``recheck`` let this one replace it: --force). The uploaded files
+        are deleted when nothing is published."""
         base = self._seen.rank(job, rank) if self._seen else None
         one_part_per_table(built)
         commit = f"{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:16]}"
         entry, paths = objstore.rank_entry(job, rank, built, commit, _trace_files(built))
         uploaded: list[str] = []
         abandoned = False
+        # what a kill from now on may leave, for the next writer to collect (``reclaim``):
+        # the uploads and manifests of this commit, and what it supersedes if it lands
+        seen_manifest = (self._seen.pointer.get("jobs", {}).get(job) if self._seen else None)
+        record = f"{objstore.WRITERS}/{owner_tag()}-{uuid.uuid4().hex}.json"
+        self.remote.put(record, json.dumps({
+            "started": time.time(), "job": job, "rank": rank,
+            "keys": [f["key"] for f in entry["files"]]
+                    + [f["key"] for f in (base or {}).get("files", [])]
+                    + ([seen_manifest] if seen_manifest else []),
+            "manifests": objstore.manifest_prefix(job, commit)}).encode())
 
         def change(now: objstore.Snapshot) -> dict[str, Any]:
             nonlocal abandoned
+            # the caller's rules first, as a local store applies them under its lock: the
+            # same bytes committed meanwhile by another writer (in this rank or another)
+            # make this one a skip, another file in this rank an error without --force
+            if recheck is not None and not recheck(_stored_of(now)):
+                abandoned = True
+                raise objstore.CommitConflict("abandoned")
             current = now.rank(job, rank)
             if (current or {}).get("commit") != (base or {}).get("commit"):
                 raise objstore.CommitConflict(
                     f"job {job} rank {rank} was committed by another writer while this one "
                     "uploaded it (nothing of this file was published): ingest it again, "
                     "with --force to replace that rank")
-            if recheck is not None and not recheck(_stored_of(now)):
-                abandoned = True
-                raise objstore.CommitConflict("abandoned")
             ranks = dict(now.manifests.get(job, {}).get("ranks", {}))
             ranks[str(rank)] = entry
             return ranks
@@ -306,19 +331,24 @@ class ObjectStoreWriter:
                 uploaded.append(f["key"])
             empty = objstore.Snapshot(None, {"format": STORE_FORMAT, "jobs": {}})
             before, _ = self.remote.commit_job(  # first against what stored_files() read
-                job, STORE_FORMAT, change, start=(self._seen or empty) if self._read else None)
+                job, STORE_FORMAT, change, start=(self._seen or empty) if self._read else None,
+                name=commit)
         except BaseException as err:
-            if isinstance(err, Exception):  # a kill leaves orphans (ObjectStore.orphans)
-                self.remote.delete(uploaded)
+            if isinstance(err, Exception):  # (an interrupt leaves them to the next writer)
+                self.remote.delete(uploaded + [record])
             if abandoned:
                 return False
             raise
-        if job in before.pointer.get("jobs", {}):  # a reader that misses it reads again
-            self.remote.delete([before.pointer["jobs"][job]])
+        superseded = [before.pointer["jobs"][job]] if job in before.pointer.get("jobs", {}) \
+            else []  # deleted now: a reader that misses it reads again
         old = before.rank(job, rank)
-        if old:  # replaced (--force): readers fetching it get a grace
-            self._retired.append((time.monotonic(), [f["key"] for f in old["files"]]))
+        if old:  # replaced (--force): readers fetching it get a grace; the record goes last
+            self.remote.delete(superseded)
+            self._retired.append((time.monotonic(), [f["key"] for f in old["files"]]
+                                  + [record]))
             self.remove_retired(wait=False)
+        else:
+            self.remote.delete(superseded + [record])
         return True
 
     def remove_retired(self, wait: bool = True) -> None:
@@ -330,6 +360,13 @@ class ObjectStoreWriter:
 
     def cleanup(self, workdir: Path) -> None:
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+def writer_dead(name: str, age_s: float) -> bool:
+    """Whether the object store writer whose record is ``name`` (``<owner tag>-<uuid>.json``),
+    last written ``age_s`` ago, is dead: on this host, its process is gone; on another,
+    the record is over WRITER_STALE_S old. Not an owner tag: never (left alone)."""
+    return owner_gone(name) or (owner_elsewhere(name) and age_s > WRITER_STALE_S)
 
 
 def one_part_per_table(built: Path) -> None:

@@ -26,6 +26,8 @@ from moto.server import ThreadedMotoServer
 
 import tracetool
 from tracetool import objstore
+from tracetool.ingest import store as writer_store
+from tracetool.ingest.lock import owner_tag
 from tracetool.ingest.pipeline import Options, ingest
 from tracetool.store_views import store_files
 
@@ -167,15 +169,18 @@ def test_requests_per_rank_and_per_reader_open(bucket: str, tmp_path: Path,
     calls.clear()
     assert run("ingest", RANK1, "--store", url, "--job", "j", "--rank", "1")[0] == 0
     second = dict(calls)
-    # a rank: its 12 files, the job's new manifest, the pointer swap (3 GETs of the
-    # pointer: the bucket check, what the store holds at the start, and again before the
-    # commit; one GET of the job's manifest; one delete of the manifest it superseded)
-    assert second == {"PutObject": TABLES_PER_RANK + 2, "GetObject": 4, "DeleteObjects": 1}
-    assert first == {"PutObject": TABLES_PER_RANK + 2, "GetObject": 3}  # the pointer: 404
+    # a rank: the writer's record, its 12 files, the job's new manifest, the pointer swap
+    # (3 GETs of the pointer: the bucket check, what the store holds at the start, and
+    # again before the commit; one GET of the job's manifest; one delete of the manifest it
+    # superseded and the record); a run: one LIST of the writers' records
+    assert second == {"PutObject": 1 + TABLES_PER_RANK + 2, "GetObject": 4,
+                      "DeleteObjects": 1, "ListObjectsV2": 1}
+    assert first == {"PutObject": 1 + TABLES_PER_RANK + 2, "GetObject": 3,  # pointer: 404
+                     "DeleteObjects": 1, "ListObjectsV2": 1}
     calls.clear()
     assert run("ingest", SAMPLES, "--store", f"s3://{bucket}/two")[0] == 0  # 2 ranks, 1 run
-    assert calls == {"PutObject": 2 * (TABLES_PER_RANK + 2), "GetObject": 2 + 2,
-                     "DeleteObjects": 1}
+    assert calls == {"PutObject": 2 * (1 + TABLES_PER_RANK + 2), "GetObject": 2 + 2,
+                     "DeleteObjects": 2, "ListObjectsV2": 1}
     calls.clear()
     files = store_files(url)  # a reader open, cold cache: pointer, manifest, every file
     assert calls == {"GetObject": 2 + 2 * TABLES_PER_RANK}
@@ -236,10 +241,12 @@ def test_a_writer_killed_mid_upload_changes_nothing(bucket: str, tmp_path: Path)
     assert table_rows(url) == rows
     orphans = objstore.ObjectStore(objstore.parse_location(url)).orphans(min_age_s=0)
     assert len(orphans) == 3 and all("/rank=1/" in k for k in orphans)
-    # the next ingest of that rank commits normally
+    # the next ingest of that rank commits normally, and collects what the killed one left
     assert run("ingest", RANK1, "--store", url, "--job", "j", "--rank", "1")[0] == 0
     assert sorted(table_rows(url)["trace_files"], key=repr) != sorted(rows["trace_files"],
                                                                        key=repr)
+    assert objstore.ObjectStore(objstore.parse_location(url)).orphans(min_age_s=0) == []
+    assert keys(bucket, f"st/{objstore.WRITERS}/") == []
 
 
 def test_a_failure_between_uploads_publishes_nothing(bucket: str,
@@ -261,6 +268,7 @@ def test_a_failure_between_uploads_publishes_nothing(bucket: str,
     assert pointer(bucket) == before
     assert table_rows(url) == rows
     assert objstore.ObjectStore(objstore.parse_location(url)).orphans(min_age_s=0) == []
+    assert keys(bucket, f"st/{objstore.WRITERS}/") == []  # the failed writer's record too
 
 
 def race(monkeypatch: pytest.MonkeyPatch, other: callable) -> None:
@@ -418,7 +426,7 @@ def test_cache_is_bounded(bucket: str, tmp_path: Path) -> None:
     files = [f for fs in store_files(url).values() for f in fs]
     root = Path(os.environ["TRACETOOL_CACHE_DIR"])
     old = time.time() - 2 * objstore.CACHE_KEEP_S
-    for f in files:
+    for f in root.glob("objects/*/*/job=*/rank=*/*"):  # the copies and their marks
         os.utime(f, (old, old))
     objstore.trim_cache(root, keep=set(files[:3]), limit=0)
     assert [f for f in files if f.exists()] == files[:3]
@@ -453,3 +461,173 @@ def test_concurrent_readers_and_writer(bucket: str) -> None:
         stop.set()
         t.join(60)
     assert seen and all(len(set(s.values())) == 1 for s in seen)  # every table: n ranks
+
+
+def test_identical_ingests_at_once_one_ingested_the_others_skipped(
+        bucket: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Three ingests of one file as one rank, each reaching its pointer swap while the next
+    commits (the last wins the swap): one ingested, two skipped, as a local store says under
+    its lock; the losers' uploads deleted."""
+    url = f"s3://{bucket}/st"
+    results = []
+    real = objstore.ObjectStore.put
+    later = [lambda: results.extend(ingest([RANK0], Options(store=url, job="j", rank=0,
+                                                            workers=1)))] * 2
+
+    def put(self, rel, body, *, if_match=None):
+        if rel == objstore.POINTER and later:
+            later.pop()()  # another identical ingest commits before this swap
+        return real(self, rel, body, if_match=if_match)
+
+    monkeypatch.setattr(objstore.ObjectStore, "put", put)
+    code, out, err = run("ingest", RANK0, "--store", url, "--job", "j", "--rank", "0",
+                         "--json")
+    assert code == 0, err
+    first = json.loads(out)
+    assert [r.status for r in results] == ["ingested", "skipped"]  # the last, the middle
+    assert (first["status"], first["rank"]) == ("skipped", 0)
+    assert "already ingested as job j rank 0" in first["message"]
+    assert len(keys(bucket, "st/data/")) == TABLES_PER_RANK
+    assert objstore.ObjectStore(objstore.parse_location(url)).orphans(min_age_s=0) == []
+    assert keys(bucket, f"st/{objstore.WRITERS}/") == []  # every writer's record deleted
+    con = tracetool.connect(url)
+    assert con.execute("SELECT rank, file_name FROM trace_files").fetchall() == [
+        (0, RANK0.name)]
+    con.close()
+
+
+def test_a_deleted_object_or_manifest_is_named(bucket: str) -> None:
+    """An object the current pointer leads to, deleted outside tracetool: one line naming
+    it (reading again cannot help), not "the store keeps changing"; --force repairs a rank."""
+    url = f"s3://{bucket}/st"
+    assert run("ingest", RANK0, "--store", url, "--job", "j", "--rank", "0")[0] == 0
+    (events,) = [k for k in keys(bucket, "st/data/") if "/events/" in k]
+    client().delete_object(Bucket=bucket, Key=events)
+    code, _, err = run("sql", url, "SELECT count(*) FROM events")
+    assert code == 1
+    assert error_line(err) == (
+        f"tracetool: error: {url}: {events.removeprefix('st/')}, job j rank 0's events file, "
+        "is missing (deleted outside tracetool?): ingest that rank again with --force")
+    assert run("ingest", RANK0, "--store", url, "--job", "j", "--rank", "0", "--force")[0] == 0
+    assert run("sql", url, "SELECT count(*) > 0 FROM events", "--json")[0] == 0
+    (manifest,) = keys(bucket, "st/_tracetool/manifests/")
+    client().delete_object(Bucket=bucket, Key=manifest)
+    for args in (("sql", url, "SELECT 1"), ("ingest", RANK1, "--store", url, "--job", "k")):
+        code, _, err = run(*args)
+        assert code == 1
+        rel = manifest.removeprefix("st/")
+        assert error_line(err) == (
+            f"tracetool: error: {url}: {rel}, the manifest of job j that "
+            f"{objstore.POINTER} names, is missing (deleted outside tracetool?): restore it, "
+            f"or remove job j from {objstore.POINTER}")
+
+
+def test_a_cached_copy_damaged_in_place_is_fetched_again(
+        bucket: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A cached copy changed in place with its size kept: hashed again (its signature no
+    longer matches its mark), found wrong and fetched again, so the query's answer is the
+    store's; a warm open hashes nothing (the marks are one stat each)."""
+    url = f"s3://{bucket}/st"
+    assert run("ingest", RANK0, "--store", url, "--job", "j", "--rank", "0")[0] == 0
+    q = "SELECT count(*), sum(hash(e)) FROM events e"  # every column of every row
+    code, want, err = run("sql", url, q, "--json")  # a cold cache: every copy fetched
+    assert code == 0, err
+    hashed = []
+    real = objstore.sha256_file
+    monkeypatch.setattr(objstore, "sha256_file", lambda p: hashed.append(p) or real(p))
+    calls = counting(monkeypatch)
+    assert run("sql", url, q, "--json")[1] == want
+    assert hashed == [] and calls == {"GetObject": 2}  # warm: the pointer, the manifest
+    (events,) = store_files(url)["events"]
+    events.chmod(0o644)
+    body = bytearray(events.read_bytes())
+    mid = len(body) // 2
+    body[mid:mid + 4096] = bytes(b ^ 0xFF for b in body[mid:mid + 4096])
+    with events.open("r+b") as f:  # in place: the same inode, the same size
+        f.write(body)
+    calls.clear()
+    code, out, err = run("sql", url, q, "--json")
+    assert (code, out) == (0, want), err
+    root = Path(os.environ["TRACETOOL_CACHE_DIR"])
+    assert hashed[0] == events and hashed[1].parent == root / "tmp"  # the copy, the download
+    assert len(hashed) == 2 and calls == {"GetObject": 3}  # pointer, manifest, the copy
+    snap = objstore.ObjectStore(objstore.parse_location(url)).snapshot()
+    (entry,) = [f for f in snap.rank("j", 0)["files"] if f["table"] == "events"]
+    assert real(events) == entry["sha256"]
+    calls.clear()
+    hashed.clear()
+    assert run("sql", url, q, "--json")[1] == want  # marked again: warm
+    assert hashed == [] and calls == {"GetObject": 2}
+
+
+def test_orphans_of_a_writer_killed_mid_upload_are_collected_by_the_next(
+        bucket: str, tmp_path: Path) -> None:
+    """SIGTERM after 5 of a rank's 12 uploads: exit 143, nothing published, 5 unreferenced
+    objects and the writer's record left; the next writer (of another job) deletes exactly
+    those 6 and nothing the store references."""
+    url = f"s3://{bucket}/st"
+    assert run("ingest", RANK0, "--store", url, "--job", "j", "--rank", "0")[0] == 0
+    marker = tmp_path / "uploaded-5"
+    script = (
+        "import sys, time\n"
+        "import tracetool.objstore as o\n"
+        "real, n = o.ObjectStore.upload, [0]\n"
+        "def upload(self, path, rel):\n"
+        "    real(self, path, rel); n[0] += 1\n"
+        "    if n[0] == 5:\n"
+        "        open(sys.argv[1], 'w').close(); time.sleep(120)\n"
+        "o.ObjectStore.upload = upload\n"
+        "from tracetool.cli import cli\n"
+        "cli(sys.argv[2:])\n")
+    proc = subprocess.Popen([sys.executable, "-c", script, str(marker), "ingest", str(RANK1),
+                             "--store", url, "--job", "j", "--rank", "1", "--workers", "1"],
+                            cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 120
+        while not marker.exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert marker.exists(), proc.stderr.read().decode() if proc.poll() is not None else ""
+        os.kill(proc.pid, signal.SIGTERM)
+        assert proc.wait(60) == 143
+    finally:
+        proc.kill()
+        proc.wait(30)
+    store = objstore.ObjectStore(objstore.parse_location(url))
+    before = set(keys(bucket, "st/"))
+    left = set(keys(bucket, "st/data/job=j/rank=1/")) | set(
+        keys(bucket, f"st/{objstore.WRITERS}/"))
+    assert len(left) == 5 + 1
+    assert {f"st/{k}" for k in store.orphans(min_age_s=0)} == left - set(
+        keys(bucket, f"st/{objstore.WRITERS}/"))
+    # the record of a dead writer of this host killed after its swap (what it names is
+    # referenced: kept), and a live one of another host's (kept, with what it names)
+    live = sorted(objstore._referenced(store.snapshot()))
+    host = owner_tag().split("-")[0]
+    for name, named in ((f"{host}-999999999-1-a", live), ("elsewhere-1-1-b", ["data/x"])):
+        client().put_object(Bucket=bucket, Key=f"st/{objstore.WRITERS}/{name}.json",
+                            Body=json.dumps({"keys": named}).encode())
+    client().put_object(Bucket=bucket, Key="st/data/x", Body=b"x")
+    before = set(keys(bucket, "st/"))
+    assert run("ingest", RANK1, "--store", url, "--job", "k")[0] == 0
+    snap = store.snapshot()
+    added = {f"st/{snap.pointer['jobs']['k']}"} | {
+        f"st/{f['key']}" for f in snap.rank("k", 1)["files"]}
+    assert set(keys(bucket, "st/")) == (before - left - {
+        f"st/{objstore.WRITERS}/{host}-999999999-1-a.json"}) | added
+    assert store.orphans(min_age_s=0) == ["data/x"]
+    con = tracetool.connect(url)
+    assert con.execute("SELECT job, rank, file_name FROM trace_files ORDER BY job").fetchall() \
+        == [("j", 0, RANK0.name), ("k", 1, RANK1.name)]
+    con.close()
+
+
+def test_which_writers_are_dead() -> None:
+    """A record's writer: on this host, dead when its process is; on another host (whose
+    processes this one cannot see), when its record is over WRITER_STALE_S old."""
+    me, stale = owner_tag(), writer_store.WRITER_STALE_S
+    host = me.split("-")[0]
+    assert not writer_store.writer_dead(f"{me}-a.json", 10 * stale)  # alive: never
+    assert writer_store.writer_dead(f"{host}-999999999-1-a.json", 0)  # gone: at once
+    assert not writer_store.writer_dead("elsewhere-1-1-a.json", stale - 1)
+    assert writer_store.writer_dead("elsewhere-1-1-a.json", stale + 1)
+    assert not writer_store.writer_dead("not-a-tag.json", 10 * stale)

@@ -8,12 +8,15 @@ becomes a manifest. Under the prefix (keys relative to it):
 - ``_tracetool/current.json``: the pointer, ``{"format", "jobs": {job: manifest key}}``;
 - ``_tracetool/manifests/job=J/<id>.json``: one job's manifest, per rank its trace files and
   its Parquet files (key, table, rows, bytes, sha256), never changed once written;
-- ``data/job=J/rank=R/<table>/<id>-part-N.parquet``: the ranks' files, never overwritten.
+- ``data/job=J/rank=R/<table>/<id>-part-N.parquet``: the ranks' files, never overwritten;
+- ``_tracetool/writers/<owner>-<uuid>.json``: one per commit under way, naming what a kill
+  would leave (``collect``).
 
 A commit uploads the rank's files under fresh names, writes a new manifest of the job
 (create-if-absent, ``If-None-Match: *``), then swaps the pointer to it with ``If-Match`` on
 the ETag it read (``If-None-Match: *`` for the first commit of a store). A writer killed
-before the swap leaves only unreferenced objects; one that loses the swap to another reads
+before the swap leaves only unreferenced objects and its record, which the next writer
+collects once the record's owner is dead; one that loses the swap to another reads
 the pointer again and retries when the change was another rank's (``commit_job``). Readers
 never list: one GET of the pointer, one per job manifest, then the files the manifests name.
 
@@ -52,6 +55,7 @@ SCHEMES = ("s3",)
 URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://(.*)$")
 POINTER = "_tracetool/current.json"
 MANIFESTS = "_tracetool/manifests"
+WRITERS = "_tracetool/writers"  # one record per commit under way: what it may leave behind
 COMMIT_ATTEMPTS = 30  # pointer swaps lost in a row before a commit gives up
 RETRY_SLEEP_S = 0.05  # times the attempt number, jittered
 FETCH_THREADS = 8
@@ -119,7 +123,9 @@ class CommitConflict(StoreError):
 
 
 class Missing(Exception):
-    """An object a manifest names is gone (superseded and deleted): read the pointer again."""
+    """An object a manifest names is gone: superseded and deleted (read the pointer again),
+    or, when the pointer has not changed since, deleted outside tracetool (``check_gone``).
+    ``args[0]`` is its key relative to the prefix."""
 
 
 _CLIENTS: dict[tuple[str | None, ...], Any] = {}
@@ -181,7 +187,9 @@ class ObjectStore:
     # --- objects -------------------------------------------------------------------------
 
     @contextlib.contextmanager
-    def _errors(self, what: str) -> Iterator[None]:
+    def _errors(self, what: str, key: str | None = None) -> Iterator[None]:
+        """Client errors as one-line StoreErrors saying ``what`` failed; an object that is
+        not there as ``Missing(key)``."""
         from botocore.exceptions import (
             BotoCoreError,
             ClientError,
@@ -199,7 +207,7 @@ class ObjectStore:
             if code in ("PreconditionFailed", "ConditionalRequestConflict") or status == 412:
                 raise PreconditionFailed(code) from None
             if code in ("NoSuchKey", "404"):
-                raise Missing(what) from None
+                raise Missing(key or what) from None
             if code == "NoSuchBucket":
                 raise StoreError(f"{url}: bucket {self.loc.bucket!r} does not exist (create "
                                  "it first)") from None
@@ -224,7 +232,7 @@ class ObjectStore:
     def get(self, rel: str) -> tuple[bytes, str] | None:
         """(body, ETag) of an object, None when there is none."""
         try:
-            with self._errors(f"reading {rel}"):
+            with self._errors(f"reading {rel}", rel):
                 r = self.client.get_object(Bucket=self.loc.bucket, Key=self.loc.key(rel))
                 return r["Body"].read(), r["ETag"]
         except Missing:
@@ -246,7 +254,7 @@ class ObjectStore:
 
     def download(self, rel: str, dest: Path) -> None:
         """Stream an object into ``dest`` (Missing when it is gone)."""
-        with self._errors(f"reading {rel}"):
+        with self._errors(f"reading {rel}", rel):
             r = self.client.get_object(Bucket=self.loc.bucket, Key=self.loc.key(rel))
             with dest.open("wb") as out:
                 for chunk in r["Body"].iter_chunks(1 << 20):
@@ -309,26 +317,42 @@ class ObjectStore:
             try:
                 manifests = {job: self.manifest(rel)
                              for job, rel in sorted(pointer.get("jobs", {}).items())}
-            except Missing:
+            except Missing as err:
+                job = next(j for j, r in pointer["jobs"].items() if r == err.args[0])
+                self.check_gone(got[1], f"{err.args[0]}, the manifest of job {job} that "
+                                f"{POINTER} names, is missing (deleted outside tracetool?): "
+                                f"restore it, or remove job {job} from {POINTER}")
                 continue
             return Snapshot(got[1], pointer, manifests)
         raise StoreError(f"{self.loc.url}: the store keeps changing under this reader: try "
                          "again")
 
+    def check_gone(self, etag: str | None, problem: str) -> None:
+        """After an object the pointer (of ETag ``etag``) led to turned out missing: when the
+        pointer is still that one, no commit superseded the object, so it was deleted outside
+        tracetool and reading again cannot help: a StoreError saying ``problem``. When the
+        pointer changed, the object was superseded: the caller reads again."""
+        now = self.get(POINTER)
+        if now is not None and now[1] == etag:
+            raise StoreError(f"{self.loc.url}: {problem}")
+
     def commit_job(self, job: str, fmt: int, change: Callable[[Snapshot], dict[str, Any]],
-                   start: Snapshot | None = None) -> tuple[Snapshot, str]:
+                   start: Snapshot | None = None, name: str | None = None
+                   ) -> tuple[Snapshot, str]:
         """Publish a new manifest of ``job``: ``change(snapshot)`` gives the job's ranks from
         the store as it is now (raising CommitConflict when it must not go ahead); the
         manifest is written create-if-absent, then the pointer swapped with If-Match. A
         lost swap (another writer committed meanwhile) reads the store again and asks
         ``change`` again. ``start``: a snapshot just read, for the first attempt (the swap
-        checks it is still current). Returns the snapshot the commit was based on and the
-        new manifest's key."""
+        checks it is still current). ``name``: the manifests are ``manifest_prefix(job,
+        name)`` + the attempt (what a writer's record names), else a fresh name each.
+        Returns the snapshot the commit was based on and the new manifest's key."""
         for attempt in range(COMMIT_ATTEMPTS):
             snap = (start if attempt == 0 and start is not None else self.snapshot()
                     or Snapshot(None, {"format": fmt, "jobs": {}}))
             ranks = change(snap)
-            rel = f"{MANIFESTS}/job={job}/{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex}.json"
+            rel = (f"{manifest_prefix(job, name)}{attempt:02d}.json" if name else
+                   f"{MANIFESTS}/job={job}/{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex}.json")
             body = json.dumps({"format": fmt, "job": job, "ranks": ranks},
                               separators=(",", ":"), sort_keys=True).encode()
             self.put(rel, body)
@@ -347,20 +371,63 @@ class ObjectStore:
                          f"under {COMMIT_ATTEMPTS} attempts in a row (too many writers at "
                          "once?): ingest again")
 
+    def records(self) -> list[tuple[str, float]]:
+        """(key, last-modified) of every writer's record (``WRITERS``): the commits under
+        way, and those of writers killed before they finished (one LIST)."""
+        return self.list(f"{WRITERS}/")
+
+    def collect(self, records: Sequence[str]) -> list[str]:
+        """Remove what the writers of ``records`` (dead: the caller knows) left: of the
+        objects a record names (its uploads, the manifests under its prefix, what its
+        commit would supersede), those the current pointer does not reference, then the
+        record. Referenced ones stay (a writer killed after its swap committed them), and
+        none can become referenced later: their names were the dead writer's alone.
+        Returns the keys deleted, records included."""
+        if not records:
+            return []
+        snap = self.snapshot()
+        live = _referenced(snap)
+        gone: list[str] = []  # the objects, then the records
+        for rel in records:
+            got = self.get(rel)
+            try:
+                doc = json.loads(got[0]) if got else {}
+                named = [str(k) for k in doc.get("keys", [])]
+                prefix = doc.get("manifests")
+            except (ValueError, AttributeError):
+                named, prefix = [], None  # a damaged record: only itself goes
+            if isinstance(prefix, str) and prefix.startswith(f"{MANIFESTS}/"):
+                named += [k for k, _ in self.list(prefix)]
+            gone += sorted({k for k in named if k not in live and not k.startswith(
+                f"{WRITERS}/")})
+        self.delete(gone)  # then the records: a collection cut short is done again
+        self.delete(list(records))
+        return gone + list(records)
+
     def orphans(self, min_age_s: float = 3600.0) -> list[str]:
         """Objects no manifest of the current pointer references (left by killed writers, or
         superseded and not yet deleted), older than ``min_age_s`` so that a commit under way
         is never among them."""
-        snap = self.snapshot()
-        live = {POINTER}
-        if snap is not None:
-            live |= set(snap.pointer.get("jobs", {}).values())
-            live |= {f["key"] for m in snap.manifests.values()
-                     for r in m.get("ranks", {}).values() for f in r["files"]}
+        live = _referenced(self.snapshot())
         now = time.time()
         return sorted(k for prefix in ("data/", f"{MANIFESTS}/")
                       for k, modified in self.list(prefix)
                       if k not in live and now - modified >= min_age_s)
+
+
+def _referenced(snap: Snapshot | None) -> set[str]:
+    """The keys ``snap`` uses: the pointer, every job's manifest and every file they name."""
+    live = {POINTER}
+    if snap is not None:
+        live |= set(snap.pointer.get("jobs", {}).values())
+        live |= {f["key"] for m in snap.manifests.values()
+                 for r in m.get("ranks", {}).values() for f in r["files"]}
+    return live
+
+
+def manifest_prefix(job: str, name: str) -> str:
+    """Where the manifests of the commit named ``name`` go (``<prefix>NN.json``)."""
+    return f"{MANIFESTS}/job={job}/{name}-"
 
 
 def rank_entry(job: str, rank: int, built: Path, commit: str,
@@ -423,16 +490,30 @@ def current_files(store: ObjectStore, check: Callable[[Snapshot], None]
         check(snap)
         try:
             return local_copies(store, snap)
-        except Missing:
+        except Missing as err:
+            store.check_gone(snap.etag, f"{err.args[0]}, {_owner(snap, err.args[0])}, is "
+                             "missing (deleted outside tracetool?): ingest that rank again "
+                             "with --force")
             continue
     raise StoreError(f"{store.loc.url}: the store keeps changing under this reader: try "
                      "again")
 
 
+def _owner(snap: Snapshot, key: str) -> str:
+    """Whose file ``key`` is in ``snap``: "job J rank R's <table> file"."""
+    for job, man in snap.manifests.items():
+        for rank, entry in man.get("ranks", {}).items():
+            for f in entry["files"]:
+                if f["key"] == key:
+                    return f"job {job} rank {rank}'s {f['table']} file"
+    return "a file of the store"
+
+
 def local_copies(store: ObjectStore, snap: Snapshot) -> dict[str, list[Path]]:
     """Each table's files of ``snap`` as local copies, fetched into the cache when missing
-    (in parallel, sha256 checked; Missing when one is gone), ordered as a local store lists
-    them; the cache is then trimmed to TRACETOOL_CACHE_BYTES, least recently used first."""
+    or not verified (``_verified``; in parallel, sha256 checked; Missing when one is gone),
+    ordered as a local store lists them; the cache is then trimmed to TRACETOOL_CACHE_BYTES,
+    least recently used first."""
     root = cache_root()
     want: list[tuple[str, Path, dict[str, Any]]] = []  # (sort key, copy, entry)
     for job, man in snap.manifests.items():
@@ -441,19 +522,66 @@ def local_copies(store: ObjectStore, snap: Snapshot) -> dict[str, list[Path]]:
                 order = f"job={job}/rank={rank}/{f['table']}/{f.get('part', '')}"
                 want.append((order, local_path(root, job, rank, f), f))
     want.sort(key=lambda w: w[0])
-    missing = [(p, f) for _, p, f in want if _size(p) != f["bytes"]]  # a damaged one too
-    if missing:
+    marks = {p: _verified(p, f) for _, p, f in want}
+    unsure = [(p, f) for _, p, f in want if marks[p] is None]
+    if unsure:
         (root / "tmp").mkdir(parents=True, exist_ok=True)
-        with ThreadPoolExecutor(min(FETCH_THREADS, len(missing))) as pool:
-            list(pool.map(lambda pf: _fetch(store, *pf, root / "tmp"), missing))
+        with ThreadPoolExecutor(min(FETCH_THREADS, len(unsure))) as pool:
+            for (p, _), mark in zip(unsure, pool.map(
+                    lambda pf: _check_or_fetch(store, *pf, root / "tmp"), unsure), strict=True):
+                marks[p] = mark
     now = time.time()
     out: dict[str, list[Path]] = {}
     for _, p, f in want:
         with contextlib.suppress(OSError):
-            os.utime(p, (now, now))  # recently used: not evicted
+            os.utime(marks[p], (now, now))  # recently used: not evicted (the copy's own
+            # times are left alone: they are part of its signature)
         out.setdefault(f["table"], []).append(p)
     trim_cache(root, {p for _, p, _ in want})
     return out
+
+
+VERIFIED = ".verified-"  # <copy name>.verified-<signature>: the copy's mark
+
+
+def _signature(st: os.stat_result) -> str:
+    """What changes whenever a file's bytes can have: its inode, size, mtime and ctime (a
+    write in place sets the ctime to now, which no user can set back)."""
+    return f"{st.st_ino}-{st.st_size}-{st.st_mtime_ns}-{st.st_ctime_ns}"
+
+
+def _verified(p: Path, f: dict[str, Any]) -> Path | None:
+    """The mark of a cached copy whose sha256 was checked and which has not changed since
+    (an empty file named after the copy's signature, one ``stat`` to look up), else None:
+    the copy must be hashed, or fetched."""
+    try:
+        st = p.stat()
+    except OSError:
+        return None
+    mark = p.with_name(f"{p.name}{VERIFIED}{_signature(st)}")
+    return mark if st.st_size == f["bytes"] and mark.exists() else None
+
+
+def _mark(p: Path) -> Path:
+    """Record that ``p`` (just checked against its sha256) is good as it is now (best
+    effort: a cache this user cannot write is only hashed again next time)."""
+    mark = p.with_name(f"{p.name}{VERIFIED}{_signature(p.stat())}")
+    with contextlib.suppress(OSError):
+        for old in p.parent.glob(f"{p.name}{VERIFIED}*"):
+            if old != mark:
+                old.unlink(missing_ok=True)
+        mark.touch()
+    return mark
+
+
+def _check_or_fetch(store: ObjectStore, dest: Path, f: dict[str, Any], tmpdir: Path) -> Path:
+    """A copy not marked verified: hashed when it is there with the right size (marked
+    if it matches: a copy touched but not changed, or one cached before marks), else (or
+    when it does not match: damaged in place) fetched again. Returns its mark."""
+    if _size(dest) == f["bytes"] and sha256_file(dest) == f["sha256"]:
+        return _mark(dest)
+    _fetch(store, dest, f, tmpdir)
+    return _mark(dest)
 
 
 def _size(p: Path) -> int | None:
@@ -483,20 +611,29 @@ def trim_cache(root: Path, keep: set[Path], limit: int | None = None) -> None:
     CACHE_KEEP_S seconds (another reader may have views over it)."""
     limit = limit if limit is not None else int(os.environ.get("TRACETOOL_CACHE_BYTES",
                                                                CACHE_BYTES))
-    files = []
-    for p in (root / "objects").glob("*/*/job=*/rank=*/*.parquet"):
+    used: dict[Path, float] = {}  # a copy's last use: its mark's mtime, else its own
+    sizes: dict[Path, int] = {}
+    marks: dict[Path, list[Path]] = {}
+    for p in (root / "objects").glob("*/*/job=*/rank=*/*"):
         with contextlib.suppress(OSError):
             st = p.stat()
-            files.append((st.st_mtime, st.st_size, p))
-    total = sum(s for _, s, _ in files)
+            copy = p.with_name(p.name.split(VERIFIED, 1)[0])
+            if copy != p:
+                marks.setdefault(copy, []).append(p)
+            elif p.suffix == ".parquet":
+                sizes[p] = st.st_size
+            used[copy] = max(used.get(copy, 0.0), st.st_mtime)
+    total = sum(sizes.values())
     cutoff = time.time() - CACHE_KEEP_S
-    for mtime, size, p in sorted(files):
+    for p in sorted(sizes, key=lambda p: used[p]):
         if total <= limit:
             break
-        if p in keep or mtime > cutoff:
+        if p in keep or used[p] > cutoff:
             continue
         with contextlib.suppress(OSError):
             p.unlink()
-            total -= size
+            total -= sizes[p]
+            for mark in marks.get(p, []):
+                mark.unlink(missing_ok=True)
             if not any(p.parents[2].rglob("*.parquet")):  # the sha256's directory
                 shutil.rmtree(p.parents[2], ignore_errors=True)
