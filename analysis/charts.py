@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from tracetool.outputs import save_png
 from tracetool.palette import colour
 from tracetool.text import short_names
 
@@ -166,11 +167,6 @@ def _figure(width: float, height: float) -> Any:
     return fig
 
 
-def _save(fig: Any, path: Path) -> None:
-    """PNG, cropped to what was drawn (legends sit outside the axes)."""
-    fig.savefig(path, bbox_inches="tight")
-
-
 MOST_LABELS = 40  # tick labels on an axis of ranks; more would overlap (1,024-rank jobs)
 MOST_INCHES = 14.0  # a chart's height: beyond it, lanes get thinner rather than the PNG taller
 
@@ -208,7 +204,7 @@ def draw_breakdown(job: str, breakdown: list[dict[str, Any]], cpu_only: bool,
                  + (" (CPU-only: compute = CPU ops, comm = gloo)" if cpu_only else ""))
     ax.legend(handles=[Patch(color=fill, label=label) for _, label, fill in BREAKDOWN_PARTS],
               loc="upper left", bbox_to_anchor=(1.01, 1))
-    _save(fig, path)
+    save_png(fig, path)
 
 
 def draw_top(job: str, top: dict[str, Any], path: Path) -> None:
@@ -234,7 +230,7 @@ def draw_top(job: str, top: dict[str, Any], path: Path) -> None:
     else:
         ax.set_xlabel("self time over all ranks (ms)")
         ax.set_title(f"{job}: top CPU ops by self time (no GPU kernels)")
-    _save(fig, path)
+    save_png(fig, path)
 
 
 def draw_skew(job: str, ranks: list[int], grid: np.ndarray, path: Path) -> None:
@@ -250,7 +246,7 @@ def draw_skew(job: str, ranks: list[int], grid: np.ndarray, path: Path) -> None:
     ax.set_xlabel("collective instance, in order of first arrival")
     ax.set_title(f"{job}: wait at collectives (last arrival - own arrival)")
     fig.colorbar(im, ax=ax, label="wait (ms)")
-    _save(fig, path)
+    save_png(fig, path)
 
 
 def _rectangles(x0: np.ndarray, x1: np.ndarray, y0: np.ndarray, y1: np.ndarray
@@ -289,7 +285,7 @@ def draw_critical_path(bars: dict[str, Any], job: str, out: Path) -> None:
     ax.set_title(f"{job}: critical path")
     ax.legend(handles=[Patch(color=c, label=k) for k, c in zip(kinds, colours, strict=True)],
               loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=8)
-    _save(fig, out)
+    save_png(fig, out)
 
 
 def draw_step_timeline(t: dict[str, Any], out: Path) -> None:
@@ -325,7 +321,7 @@ def draw_step_timeline(t: dict[str, Any], out: Path) -> None:
     ax.set_xlabel(t["xlabel"])
     ax.set_title(t["title"], fontsize=10)
     ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=8)
-    _save(fig, out)
+    save_png(fig, out)
 
 
 DRAWINGS = ("draw_breakdown", "draw_top", "draw_skew", "draw_critical_path",

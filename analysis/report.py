@@ -34,6 +34,7 @@ from tracetool.analysis.step_timeline import choose_step, timeline_data
 from tracetool.errors import StoreError, one_line
 from tracetool.numbers import round_ns
 from tracetool.objstore import is_object_store
+from tracetool.outputs import write_text
 from tracetool.store_views import table_files
 from tracetool.text import markdown_cell, printable
 
@@ -452,8 +453,8 @@ def make_report(con: duckdb.DuckDBPyConnection, job: str, out_dir: Path | str,
         drawer.wait()
     sections = _sections(summary, charts, store)
     title = f"tracetool report: job {job}"
-    (out / "report.md").write_text(_markdown(title, sections), encoding="utf-8")
-    (out / "report.html").write_text(_html(title, sections), encoding="utf-8")
+    write_text(out / "report.md", _markdown(title, sections))
+    write_text(out / "report.html", _html(title, sections))
     summary["files"] = {**{k: str(out / v) for k, v in charts.items()},
                         "markdown": str(out / "report.md"), "html": str(out / "report.html")}
     return Report(summary, sections, out)

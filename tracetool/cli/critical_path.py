@@ -15,6 +15,7 @@ from tracetool.analysis.windows import use_windows
 from tracetool.cli._errors import fail_for
 from tracetool.cli._job import open_job, window_options, windows_of
 from tracetool.cli._store import store_arg
+from tracetool.outputs import check_output
 
 
 @click.command("critical-path")
@@ -38,6 +39,8 @@ def critical_path_command(store: Path | str, job: str | None, step: int | None,
     Exit code 0; 1 when the store, job or step cannot be read; 2 for an annotation or window
     that selects nothing (one line on stderr)."""
     try:
+        if chrome is not None:
+            check_output(chrome, "--chrome-trace", [store])
         windows = windows_of(annotation, instance, window)
         con, job = open_job(store, job)
         use_windows(con, job, windows)

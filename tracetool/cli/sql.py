@@ -9,7 +9,6 @@ permits writes under DIR, and ``--output`` is written here, from Python.
 from __future__ import annotations
 
 import json
-import os
 import re
 import sys
 from pathlib import Path
@@ -18,9 +17,11 @@ import click
 import duckdb
 
 from tracetool.analysis.connect import connect, setup_sql
+from tracetool.cli._errors import fail_line
 from tracetool.cli._store import store_arg
-from tracetool.errors import one_line
-from tracetool.store_views import local_root, writable_dirs
+from tracetool.errors import InputError, one_line
+from tracetool.outputs import OutputError, atomic_write, check_output, write_text
+from tracetool.store_views import writable_dirs
 from tracetool.text import printable
 
 FORMATS = ("table", "csv", "json", "parquet")
@@ -71,8 +72,13 @@ def sql_command(store: Path | str, query: str | None, fmt: str, output: Path | N
     fmt = "json" if as_json else fmt
     if fmt == "parquet" and output is None:
         raise click.UsageError("--format parquet needs --output FILE")
-    if output is not None and _inside(output, store):
-        raise click.BadParameter(f"{output} is inside the store {store}", param_hint="--output")
+    try:
+        if output is not None:
+            check_output(output, "--output", [store])
+    except InputError as err:  # inside a store
+        fail_line(one_line(err), code=2)
+    except OutputError as err:
+        fail_line(one_line(err))
     try:
         check_statements(query, writes_allowed=bool(allow_writes))
         con = connect(store, allow_writes=allow_writes)
@@ -87,7 +93,10 @@ def sql_command(store: Path | str, query: str | None, fmt: str, output: Path | N
         click.echo(f"tracetool: error: {_explain(err)}", err=True)
         sys.exit(1)
     if output is not None:
-        output.write_text(text)
+        try:
+            write_text(output, text)
+        except OSError as err:
+            fail_line(f"--output: {output}: {err.strerror or one_line(err)}")
     else:
         click.echo(text, nl=not text.endswith("\n"))
 
@@ -124,27 +133,15 @@ def _explain(err: BaseException) -> str:
     return first
 
 
-def _inside(path: Path, store: Path | str) -> bool:
-    """Whether ``path`` is in the store's directory tree (symlinks resolved; for an object
-    store, the cache of its local copies)."""
-    root = local_root(store)
-    return root in path.resolve().parents
-
-
 def _write_parquet(rel: duckdb.DuckDBPyRelation, output: Path) -> None:
     """The result as a Parquet file, written from Python (queries cannot write files):
     streamed in batches to a temporary name beside it, then renamed into place."""
     import pyarrow.parquet as pq
 
     reader = rel.to_arrow_reader(1 << 17)
-    tmp = output.with_name(f".{output.name}.{os.getpid()}.tmp")
-    try:
-        with pq.ParquetWriter(tmp, reader.schema, compression="zstd") as w:
-            for batch in reader:
-                w.write_batch(batch)
-        os.replace(tmp, output)
-    finally:
-        tmp.unlink(missing_ok=True)
+    with atomic_write(output) as f, pq.ParquetWriter(f, reader.schema, compression="zstd") as w:
+        for batch in reader:
+            w.write_batch(batch)
 
 
 def _render(rel: duckdb.DuckDBPyRelation, fmt: str) -> str:
