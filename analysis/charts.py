@@ -24,7 +24,7 @@ import numpy as np
 
 from tracetool.outputs import save_png
 from tracetool.palette import colour
-from tracetool.text import short_names
+from tracetool.text import printable, short_names
 
 BREAKDOWN_PARTS = (  # (summary key, label, colour): they add up to the step's duration
     ("compute_ns", "compute", colour("compute")),
@@ -223,7 +223,8 @@ def draw_top(job: str, top: dict[str, Any], path: Path) -> None:
     if kernels:
         from matplotlib.patches import Patch
 
-        ax.legend(handles=[Patch(color=colour(c), label=c) for c in dict.fromkeys(cats)],
+        ax.legend(handles=[Patch(color=colour(c), label=printable(c))
+                           for c in dict.fromkeys(cats)],
                   loc="lower right", fontsize=8)
         ax.set_xlabel("total time over all ranks (ms)")
         ax.set_title(f"{job}: top kernels by total time")
@@ -308,7 +309,7 @@ def draw_step_timeline(t: dict[str, Any], out: Path) -> None:
         ax.add_collection(PolyCollection(_rectangles(x0[m], x1[m], y0[m], y0[m] + h[m]),
                                          facecolors=colour(w), linewidths=0,
                                          alpha=0.55 if w == "cpu" else 1.0))
-    handles = [Patch(color=colour(w), label=w) for w in whats]
+    handles = [Patch(color=colour(w), label=printable(w)) for w in whats]
     if len(t["path_lane"]):  # the path: a black line under the lane it ran on
         y = t["path_lane"] + 0.42
         ax.add_collection(LineCollection(
@@ -317,9 +318,10 @@ def draw_step_timeline(t: dict[str, Any], out: Path) -> None:
         handles.append(Patch(color="black", label="critical path"))
     ax.set_xlim(0, span_ms)
     ax.set_ylim(len(lanes) - 0.5, -0.5)
-    ax.set_yticks(range(len(lanes)), [f"rank {r} · {n}"[:48] for r, n in lanes], fontsize=8)
+    ax.set_yticks(range(len(lanes)), [f"rank {r} · {printable(n)}"[:48] for r, n in lanes],
+                  fontsize=8)  # thread names are hostile text: escapes, not missing glyphs
     ax.set_xlabel(t["xlabel"])
-    ax.set_title(t["title"], fontsize=10)
+    ax.set_title(printable(t["title"]), fontsize=10)
     ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=8)
     save_png(fig, out)
 

@@ -40,7 +40,9 @@ class Refused(Exception):
 @click.argument("store", type=store_arg(file_okay=False))
 @click.argument("query", required=False)
 @click.option("--format", "fmt", type=click.Choice(FORMATS), default="table", show_default=True,
-              help="Output format (parquet needs --output).")
+              help="Output format (parquet needs --output). On stdout, table and csv show "
+                   "control characters in names as escapes (\\n, \\x1b); csv written with "
+                   "--output keeps them as they are.")
 @click.option("--output", "-o", type=click.Path(path_type=Path, dir_okay=False),
               help="Write the result to this file (outside the store) instead of stdout.")
 @click.option("--json", "as_json", is_flag=True, help="Same as --format json.")
@@ -88,7 +90,7 @@ def sql_command(store: Path | str, query: str | None, fmt: str, output: Path | N
         if fmt == "parquet":
             _write_parquet(rel, output)
             return
-        text = _render(rel, fmt)
+        text = _render(rel, fmt, escape=output is None)
     except (duckdb.Error, OSError, Refused) as err:
         click.echo(f"tracetool: error: {_explain(err)}", err=True)
         sys.exit(1)
@@ -144,7 +146,11 @@ def _write_parquet(rel: duckdb.DuckDBPyRelation, output: Path) -> None:
             w.write_batch(batch)
 
 
-def _render(rel: duckdb.DuckDBPyRelation, fmt: str) -> str:
+def _render(rel: duckdb.DuckDBPyRelation, fmt: str, escape: bool) -> str:
+    """The result as text. Names from traces are hostile text (tracetool.text): the table
+    shows control characters as escapes, and so does CSV when ``escape`` (it goes to
+    stdout, often a terminal); CSV written to --output keeps every character as it is;
+    JSON escapes them by its own rules."""
     cols = rel.columns
     rows = rel.fetchall()
     if fmt == "json":
@@ -152,14 +158,30 @@ def _render(rel: duckdb.DuckDBPyRelation, fmt: str) -> str:
                        for r in rows)
     if fmt == "csv":
         import csv
-        import io
 
-        buf = io.StringIO()
-        w = csv.writer(buf, lineterminator="\n")
+        if escape:
+            cols = [printable(c) for c in cols]
+            rows = [[printable(v) if isinstance(v, str) else v for v in r] for r in rows]
+        # csv quotes a field holding a character of its line terminator: with "\r\n" a field
+        # with \r is quoted too (with "\n" alone it was not, and readers split the row
+        # there); each record is then ended by "\n" (the writer writes one record a call)
+        records: list[str] = []
+        w = csv.writer(_Records(records), lineterminator="\r\n")
         w.writerow(cols)
         w.writerows(rows)
-        return buf.getvalue()
+        return "".join(records)
     return _table(cols, rows)
+
+
+class _Records:
+    """A file for csv.writer that keeps each record, ended by "\\n" instead of "\\r\\n"."""
+
+    def __init__(self, records: list[str]) -> None:
+        self.records = records
+
+    def write(self, record: str) -> int:
+        self.records.append(record[:-2] + "\n")
+        return len(record)
 
 
 def _jsonable(v: object) -> object:
