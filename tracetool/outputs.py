@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from tracetool.errors import InputError
+from tracetool.text import path_text, printable
 
 
 class InsideStore(InputError):
@@ -58,11 +59,13 @@ def check_output(path: Path, option: str, stores: Iterable[Path | str] = (),
 
     real = Path(os.path.realpath(path))
     chain = [real, *real.parents]
+    path = _shown(path)
     for store in stores:
         root = local_root(store)
         if root in chain:
             where = "is the store" if root == real else "is inside the store"
-            raise InsideStore(f"{option}: {path} {where} {store}: write it outside the store")
+            raise InsideStore(f"{option}: {path} {where} {_shown(store)}: write it outside "
+                              "the store")
     cache = Path(os.path.realpath(objstore.cache_root()))
     for d in chain:
         if d == cache:
@@ -70,11 +73,17 @@ def check_output(path: Path, option: str, stores: Iterable[Path | str] = (),
                               f"files ({cache}): write it elsewhere")
         if is_store_dir(d):
             where = "is the store" if d == real else "is inside the store"
-            raise InsideStore(f"{option}: {path} {where} {d}: write it outside the store")
+            raise InsideStore(f"{option}: {path} {where} {_shown(d)}: write it outside the "
+                              "store")
     _check_writable(path, real, option, directory)
 
 
-def _check_writable(path: Path, real: Path, option: str, directory: bool) -> None:
+def _shown(p: Path | str) -> str:
+    """A path in an error line: as text, control characters escaped (tracetool.text)."""
+    return printable(path_text(p))
+
+
+def _check_writable(path: str, real: Path, option: str, directory: bool) -> None:
     """OutputError unless the file (or directory) ``path``, resolved to ``real``, can be
     written: what exists there is of the right kind and its directory takes a new file."""
     try:
@@ -91,7 +100,7 @@ def _check_writable(path: Path, real: Path, option: str, directory: bool) -> Non
     folder = real if directory else real.parent
     existing = next(d for d in (folder, *folder.parents) if os.path.lexists(d))
     if not os.path.isdir(existing):
-        raise OutputError(f"{option}: {path}: {existing} is not a directory")
+        raise OutputError(f"{option}: {path}: {_shown(existing)} is not a directory")
     # tried, not asked (os.access says yes to root on /proc): the directory takes a new
     # file, or when it is missing (made when written), its nearest existing parent takes a
     # new directory
@@ -105,7 +114,7 @@ def _check_writable(path: Path, real: Path, option: str, directory: bool) -> Non
             os.rmdir(probe)
     except OSError as err:
         what = "write" if existing == folder else "make a directory"
-        raise OutputError(f"{option}: {path}: cannot {what} in {existing} "
+        raise OutputError(f"{option}: {path}: cannot {what} in {_shown(existing)} "
                           f"({err.strerror})") from None
 
 
