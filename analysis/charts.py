@@ -22,8 +22,9 @@ from typing import Any
 
 import numpy as np
 
+from tracetool.outputs import save_png
 from tracetool.palette import colour
-from tracetool.text import short_names
+from tracetool.text import printable, short_names
 
 BREAKDOWN_PARTS = (  # (summary key, label, colour): they add up to the step's duration
     ("compute_ns", "compute", colour("compute")),
@@ -166,11 +167,6 @@ def _figure(width: float, height: float) -> Any:
     return fig
 
 
-def _save(fig: Any, path: Path) -> None:
-    """PNG, cropped to what was drawn (legends sit outside the axes)."""
-    fig.savefig(path, bbox_inches="tight")
-
-
 MOST_LABELS = 40  # tick labels on an axis of ranks; more would overlap (1,024-rank jobs)
 MOST_INCHES = 14.0  # a chart's height: beyond it, lanes get thinner rather than the PNG taller
 
@@ -208,7 +204,7 @@ def draw_breakdown(job: str, breakdown: list[dict[str, Any]], cpu_only: bool,
                  + (" (CPU-only: compute = CPU ops, comm = gloo)" if cpu_only else ""))
     ax.legend(handles=[Patch(color=fill, label=label) for _, label, fill in BREAKDOWN_PARTS],
               loc="upper left", bbox_to_anchor=(1.01, 1))
-    _save(fig, path)
+    save_png(fig, path)
 
 
 def draw_top(job: str, top: dict[str, Any], path: Path) -> None:
@@ -227,14 +223,15 @@ def draw_top(job: str, top: dict[str, Any], path: Path) -> None:
     if kernels:
         from matplotlib.patches import Patch
 
-        ax.legend(handles=[Patch(color=colour(c), label=c) for c in dict.fromkeys(cats)],
+        ax.legend(handles=[Patch(color=colour(c), label=printable(c))
+                           for c in dict.fromkeys(cats)],
                   loc="lower right", fontsize=8)
         ax.set_xlabel("total time over all ranks (ms)")
         ax.set_title(f"{job}: top kernels by total time")
     else:
         ax.set_xlabel("self time over all ranks (ms)")
         ax.set_title(f"{job}: top CPU ops by self time (no GPU kernels)")
-    _save(fig, path)
+    save_png(fig, path)
 
 
 def draw_skew(job: str, ranks: list[int], grid: np.ndarray, path: Path) -> None:
@@ -250,7 +247,7 @@ def draw_skew(job: str, ranks: list[int], grid: np.ndarray, path: Path) -> None:
     ax.set_xlabel("collective instance, in order of first arrival")
     ax.set_title(f"{job}: wait at collectives (last arrival - own arrival)")
     fig.colorbar(im, ax=ax, label="wait (ms)")
-    _save(fig, path)
+    save_png(fig, path)
 
 
 def _rectangles(x0: np.ndarray, x1: np.ndarray, y0: np.ndarray, y1: np.ndarray
@@ -289,7 +286,7 @@ def draw_critical_path(bars: dict[str, Any], job: str, out: Path) -> None:
     ax.set_title(f"{job}: critical path")
     ax.legend(handles=[Patch(color=c, label=k) for k, c in zip(kinds, colours, strict=True)],
               loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=8)
-    _save(fig, out)
+    save_png(fig, out)
 
 
 def draw_step_timeline(t: dict[str, Any], out: Path) -> None:
@@ -312,7 +309,7 @@ def draw_step_timeline(t: dict[str, Any], out: Path) -> None:
         ax.add_collection(PolyCollection(_rectangles(x0[m], x1[m], y0[m], y0[m] + h[m]),
                                          facecolors=colour(w), linewidths=0,
                                          alpha=0.55 if w == "cpu" else 1.0))
-    handles = [Patch(color=colour(w), label=w) for w in whats]
+    handles = [Patch(color=colour(w), label=printable(w)) for w in whats]
     if len(t["path_lane"]):  # the path: a black line under the lane it ran on
         y = t["path_lane"] + 0.42
         ax.add_collection(LineCollection(
@@ -321,11 +318,12 @@ def draw_step_timeline(t: dict[str, Any], out: Path) -> None:
         handles.append(Patch(color="black", label="critical path"))
     ax.set_xlim(0, span_ms)
     ax.set_ylim(len(lanes) - 0.5, -0.5)
-    ax.set_yticks(range(len(lanes)), [f"rank {r} · {n}"[:48] for r, n in lanes], fontsize=8)
+    ax.set_yticks(range(len(lanes)), [f"rank {r} · {printable(n)}"[:48] for r, n in lanes],
+                  fontsize=8)  # thread names are hostile text: escapes, not missing glyphs
     ax.set_xlabel(t["xlabel"])
-    ax.set_title(t["title"], fontsize=10)
+    ax.set_title(printable(t["title"]), fontsize=10)
     ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=8)
-    _save(fig, out)
+    save_png(fig, out)
 
 
 DRAWINGS = ("draw_breakdown", "draw_top", "draw_skew", "draw_critical_path",

@@ -8,7 +8,6 @@ Times are microseconds from the path's start, written with three decimals (exact
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import BinaryIO
 
@@ -16,6 +15,8 @@ import duckdb
 import msgspec
 import pyarrow as pa
 import pyarrow.compute as pc
+
+from tracetool.outputs import atomic_write
 
 PATH_TID = 2_000_000_000  # the "critical path" thread of each rank's process
 
@@ -146,9 +147,7 @@ def write_path_trace(con: duckdb.DuckDBPyConnection, job: str, segments: pa.Tabl
                                            "WHERE job = ?", [job]).fetchall()]
     on_path = pc.unique(segments["rank"].drop_null()).to_pylist()
     ranks = sorted(set(on_path) | set(ranks))
-    out.parent.mkdir(parents=True, exist_ok=True)  # as report's --out: made when missing
-    tmp = out.with_name(out.name + ".tmp")
-    with open(tmp, "wb") as f:
+    with atomic_write(out) as f:  # missing directories made, as for report's --out
         f.write(b'{"displayTimeUnit": "ns", "traceEvents": [\n')
         events = EventArray(f)
         for r in ranks:
@@ -172,5 +171,4 @@ def write_path_trace(con: duckdb.DuckDBPyConnection, job: str, segments: pa.Tabl
         events.query(con, _SEGMENTS_JSON.replace("{missing}", missing), {"t0": t0},
                      {"_path_trace_segments": segments})
         f.write(b"\n]}\n")
-    os.replace(tmp, out)
     return events.n

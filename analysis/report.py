@@ -32,6 +32,7 @@ from tracetool.analysis.collectives import collective_warnings
 from tracetool.analysis.step_timeline import choose_step, timeline_data
 from tracetool.errors import one_line
 from tracetool.numbers import round_ns
+from tracetool.outputs import write_text
 from tracetool.text import markdown_cell, printable
 
 TOP = 15  # rows of the top kernels / ops tables and chart
@@ -417,8 +418,8 @@ def make_report(con: duckdb.DuckDBPyConnection, job: str, out_dir: Path | str,
         drawer.wait()
     sections = _sections(summary, charts, store)
     title = f"tracetool report: job {job}"
-    (out / "report.md").write_text(_markdown(title, sections), encoding="utf-8")
-    (out / "report.html").write_text(_html(title, sections), encoding="utf-8")
+    write_text(out / "report.md", _markdown(title, sections))
+    write_text(out / "report.html", _html(title, sections))
     summary["files"] = {**{k: str(out / v) for k, v in charts.items()},
                         "markdown": str(out / "report.md"), "html": str(out / "report.html")}
     return Report(summary, sections, out)

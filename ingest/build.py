@@ -24,6 +24,7 @@ import pyarrow as pa
 from tracetool import __version__
 from tracetool.schema import TRACE_FILES
 from tracetool.signals import raise_if_interrupted
+from tracetool.text import path_text
 
 from . import derive as derive_mod
 from .budget import BudgetExceeded, TmpBudget, default_budget
@@ -352,7 +353,8 @@ def _complete(d: _Decoded, derived: derive_mod.Derived) -> None:
         info.sha256 = d.hashing.result()
     di = keys.get("distributedInfo") if isinstance(keys.get("distributedInfo"), dict) else None
     row = {
-        "path": str(Path(res.path).resolve()), "file_name": Path(res.path).name,
+        # as text: a name that is not UTF-8 has its bytes as \xNN (tracetool.text.path_text)
+        "path": path_text(Path(res.path).resolve()), "file_name": path_text(Path(res.path).name),
         "sha256": info.sha256,
         "bytes": info.bytes_on_disk, "json_bytes": info.json_bytes,
         "compression": info.compression, "container": info.container,

@@ -6,6 +6,8 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tracetool.text import path_text
+
 TRACE_SUFFIXES = (".json", ".json.gz")
 ET_NAME = re.compile(r"_et\.json(\.gz)?$")
 
@@ -59,8 +61,8 @@ class FileResult:
 
     def as_json(self) -> dict:
         return {
-            "path": self.path, "status": self.status, "message": self.message,
-            "job": self.job, "rank": self.rank, "store": self.store,
+            "path": path_text(self.path), "status": self.status, "message": self.message,
+            "job": self.job, "rank": self.rank, "store": path_text(self.store),
             "events_read": self.events_read, "events_stored": self.events_stored,
             "events_quarantined": self.events_quarantined, "salvaged": self.salvaged,
             "json_bytes": self.json_bytes, "seconds": round(self.seconds, 3),

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from tracetool.outputs import save_png
 from tracetool.palette import colour
 
 if TYPE_CHECKING:
@@ -57,7 +58,7 @@ def plot_replay(result: ReplayResult, path: Path) -> None:
     handles, labels = ax.get_legend_handles_labels()
     keep = {lab: h for h, lab in zip(handles, labels, strict=True) if lab in bottom_colours}
     ax.legend(keep.values(), keep.keys(), loc="upper left", bbox_to_anchor=(1, 1))
-    fig.savefig(path, bbox_inches="tight")
+    save_png(fig, path)
 
 
 def plot_sweep(rows: list[dict], axis: str, path: Path) -> Any:
@@ -99,7 +100,7 @@ def plot_sweep(rows: list[dict], axis: str, path: Path) -> Any:
     axes[0].set_ylabel("step time, ms (mean over steps; shaded: band)")
     axes[-1].legend(loc="upper left", bbox_to_anchor=(1, 1), fontsize=8)
     fig.suptitle(f"sweep over {axis}", fontsize=10)
-    fig.savefig(path, bbox_inches="tight")
+    save_png(fig, path)
     return fig
 
 
@@ -119,5 +120,5 @@ def _sweep_bars(rows: list[dict], axis: str, path: Path) -> Any:
     ax.set_xlabel(axis)
     ax.set_ylabel("step time, ms (mean over steps)")
     ax.legend(loc="upper left", bbox_to_anchor=(1, 1))
-    fig.savefig(path, bbox_inches="tight")
+    save_png(fig, path)
     return fig

@@ -13,7 +13,6 @@ query, and streamed to the file: no Python object per event.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -24,6 +23,7 @@ import pyarrow as pa
 
 from tracetool.analysis.chrome_trace import PATH_TID, EventArray, arrow_sql, us_sql, us_text
 from tracetool.analysis.critical_path import SEGMENT_KINDS
+from tracetool.outputs import atomic_write
 
 from .graph import NO_STEP, ReplayGraph
 
@@ -87,8 +87,7 @@ def write_projected_trace(con: duckdb.DuckDBPyConnection, graph: ReplayGraph,
         "mts": measured[2 * ev], "mdur": measured[2 * ev + 1] - measured[2 * ev]})
     first_rank = int(g.ranks[0])
     path = _path_table(result, t0)
-    tmp = out.with_name(out.name + ".tmp")
-    with open(tmp, "wb") as f:
+    with atomic_write(out) as f:
         f.write(b'{"displayTimeUnit":"ns","traceEvents":[\n')
         events = EventArray(f)
         events.dicts(_names(con, g, result))
@@ -101,7 +100,6 @@ def write_projected_trace(con: duckdb.DuckDBPyConnection, graph: ReplayGraph,
                      {"_projected_path": path})
         f.write(b'\n],"otherData":' + msgspec.json.encode(
             {"scenario": result.scenario, "job": g.job}) + b"}")
-    os.replace(tmp, out)
     return len(ev)
 
 

@@ -50,6 +50,7 @@ from pathlib import Path
 from typing import Any
 
 from tracetool.errors import StoreError
+from tracetool.text import path_text
 
 SCHEMES = ("s3",)
 URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://(.*)$")
@@ -84,6 +85,10 @@ class ObjectLocation:
         return self.url
 
 
+NOT_UTF8 = ("the store's path is not valid UTF-8 (DuckDB opens files by UTF-8 names): "
+            "give a store path whose names are UTF-8")
+
+
 def parse_location(store: Path | str | ObjectLocation) -> Path | ObjectLocation:
     """A local store's path, or the location of an ``s3://bucket/prefix`` store.
 
@@ -97,6 +102,8 @@ def parse_location(store: Path | str | ObjectLocation) -> Path | ObjectLocation:
         text = "s3://" + "/".join(store.parts[1:])
     m = URL.match(text)
     if not m:
+        if path_text(text) != text:
+            raise StoreError(f"{path_text(text)}: {NOT_UTF8}")
         return Path(store)
     scheme, rest = m.group(1).lower(), m.group(2)
     if scheme not in SCHEMES:

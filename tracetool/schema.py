@@ -80,8 +80,9 @@ TRACE_FILES = Table(
     "timestamps were read, its top-level metadata, and the conservation counts "
     "events_read = events_stored + events_quarantined.",
     (
-        _c("path", STR, "Absolute path of the input file at ingest time."),
-        _c("file_name", STR, "Base name of the input file."),
+        _c("path", STR, "Absolute path of the input file at ingest time (a byte of a name "
+                        "that is not valid UTF-8 as the text \\\\xNN)."),
+        _c("file_name", STR, "Base name of the input file (as path)."),
         _c("sha256", STR, "SHA-256 of the file's bytes as stored on disk (compressed if .gz)."),
         _c("bytes", I64, "Size of the file on disk, in bytes."),
         _c("json_bytes", I64, "Size of the (decompressed) JSON text, in bytes."),

@@ -8,7 +8,9 @@ read as markup (``markdown_cell``). CSV, JSON and HTML outputs escape by their o
 
 from __future__ import annotations
 
+import os
 import re
+from pathlib import Path
 
 _NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
 
@@ -20,6 +22,20 @@ def printable(text: str) -> str:
         return text
     return "".join(ch if ch.isprintable() else _NAMED.get(ch) or (
         f"\\x{ord(ch):02x}" if ord(ch) < 0x100 else f"\\u{ord(ch):04x}") for ch in text)
+
+
+def path_text(path: Path | str) -> str:
+    """A file's path as valid UTF-8 text, as the store keeps it (``trace_files.path`` and
+    ``file_name``) and outputs show it: a name that is not valid UTF-8 (on POSIX a name is
+    bytes; Python holds the undecodable ones as surrogates, which Parquet, DuckDB and JSON
+    cannot take) has each such byte written ``\\xNN`` (``b"bad\\xff.json"`` ->
+    ``bad\\xff.json``, Python's ``backslashreplace``). Other names are unchanged."""
+    text = os.fspath(path)
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        return os.fsencode(text).decode("utf-8", "backslashreplace")
 
 
 def markdown_cell(text: str) -> str:

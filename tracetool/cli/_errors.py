@@ -9,6 +9,7 @@ from typing import NoReturn
 import click
 
 from tracetool.errors import InputError, one_line
+from tracetool.outputs import OutputError
 
 
 def fail_line(message: str, code: int = 1) -> NoReturn:
@@ -19,10 +20,12 @@ def fail_line(message: str, code: int = 1) -> NoReturn:
 
 def fail_for(store: Path | str, err: Exception) -> NoReturn:
     """The error line of a command over ``store`` that raised ``err``: click's own errors
-    as they are; an input that names or changes nothing (InputError) with exit 2, a usage
-    error as click's; anything else by its first line, naming the store once."""
-    if isinstance(err, click.ClickException):
-        fail_line(err.message)
+    as they are; an input that names or changes nothing (InputError, an output inside a
+    store) with exit 2, a usage error as click's; an output path that cannot be written
+    (OutputError) naming its option; anything else by its first line, naming the store
+    once."""
+    if isinstance(err, click.ClickException | OutputError):
+        fail_line(err.message if isinstance(err, click.ClickException) else one_line(err))
     if isinstance(err, InputError):
         fail_line(one_line(err), code=2)
     line = one_line(err)

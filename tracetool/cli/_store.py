@@ -8,8 +8,10 @@ from typing import Any
 
 import click
 
+from tracetool.cli._errors import fail_line
 from tracetool.errors import StoreError
-from tracetool.objstore import URL, parse_location
+from tracetool.objstore import NOT_UTF8, URL, parse_location
+from tracetool.text import path_text
 
 
 class StoreLocation(click.Path):
@@ -24,6 +26,8 @@ class StoreLocation(click.Path):
                 return str(parse_location(value))
             except StoreError as err:
                 self.fail(str(err), param, ctx)
+        if isinstance(value, str) and path_text(value) != value:  # one line, as a bad store
+            fail_line(f"{path_text(value)}: {NOT_UTF8}")
         return super().convert(value, param, ctx)
 
 

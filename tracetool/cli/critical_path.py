@@ -16,6 +16,7 @@ from tracetool.analysis.windows import use_windows
 from tracetool.cli._errors import fail_for
 from tracetool.cli._job import window_options, windows_of
 from tracetool.cli._store import store_arg
+from tracetool.outputs import check_output
 
 
 @click.command("critical-path")
@@ -44,6 +45,8 @@ def critical_path_command(store: Path | str, job: str | None, step: int | None,
     if segments and not as_json:
         raise click.UsageError("--segments needs --json")
     try:
+        if chrome is not None:
+            check_output(chrome, "--chrome-trace", [store])
         windows = windows_of(annotation, instance, window)
         con, job = open_job(store, job)
         use_windows(con, job, windows)

@@ -16,6 +16,7 @@ from tracetool.ingest.metadata import MAX_RANK
 from tracetool.ingest.pipeline import FileResult, Options, UsageProblem, ingest
 from tracetool.ingest.shard import parse_shard
 from tracetool.signals import Interrupted, interruptible
+from tracetool.text import path_text, printable
 
 
 class Size(click.ParamType):
@@ -93,14 +94,15 @@ def ingest_command(paths: tuple[Path, ...], store: Path | str, job: str | None, 
             failed = True
         if as_json:
             click.echo(json.dumps(r.as_json()))
+        shown = printable(path_text(r.path))  # a file's name is hostile text too
         for w in r.warnings:
-            click.echo(f"tracetool: warning: {r.path}: {w}", err=True)
+            click.echo(f"tracetool: warning: {shown}: {w}", err=True)
         if r.status == "error":
-            click.echo(f"tracetool: error: {r.path}: {r.message}", err=True)
+            click.echo(f"tracetool: error: {shown}: {r.message}", err=True)
         elif not as_json:
             where = f"job {r.job} rank {r.rank}" if r.rank is not None else ""
             verb = r.status if r.status in ("ingested", "staged") else "skipped"
-            click.echo(f"{verb} {r.path} -> {where}: {r.message}")
+            click.echo(f"{verb} {shown} -> {where}: {r.message}")
 
     bars = ProgressBars() if sys.stderr.isatty() and not as_json else None
     try:
@@ -143,7 +145,7 @@ class ProgressBars:
         prog = Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(),
                         TransferSpeedColumn(), transient=True, console=self.console)
         self.active = prog
-        task = prog.add_task(path.name, total=size or None)
+        task = prog.add_task(printable(path_text(path.name)), total=size or None)
         prog.start()
 
         def update(done: int) -> None:

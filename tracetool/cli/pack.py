@@ -27,12 +27,14 @@ def pack_command(store: Path | str, jobs: tuple[str, ...], as_json: bool) -> Non
 
     Ingest builds a job's pack itself (jobs of 32 ranks or more) unless only a few of its
     ranks changed since the last one; this builds it whatever changed, e.g. after a job was
-    ingested a rank at a time. Exit code 0; 1 on a store that is not a local directory store
-    or a job it does not hold (one line on stderr)."""
+    ingested a rank at a time. Exit code 0; 1 on a path that is not a store, a store that is
+    not a local directory store or a job it does not hold (one line on stderr)."""
     if is_object_store(store):
         fail_line(f"{store}: object stores are not packed")
     s = Store(store)
-    have = sorted(p.name[4:] for p in s.data.glob("job=*")) if s.data.is_dir() else []
+    if not s.data.is_dir():  # as every reader says it
+        fail_line(f"{store}: not a tracetool store (no data/ directory)")
+    have = sorted(p.name[4:] for p in s.data.glob("job=*"))
     for job in jobs:
         if problem := job_problem(store, have, job):
             fail_line(problem)

@@ -19,6 +19,7 @@ from tracetool.cli._errors import fail_for
 from tracetool.cli._job import window_options, windows_of
 from tracetool.cli._store import store_arg
 from tracetool.errors import InputError
+from tracetool.outputs import check_output
 from tracetool.replay import model
 from tracetool.replay.clocks import parse_gpu_clock, parse_power_cap
 from tracetool.replay.compute import CATEGORIES, WhatIfError, parse_speedup
@@ -194,6 +195,9 @@ def replay_command(store: Path, job: str | None, source_gpu: str | None,
     from tracetool.replay.run import BREAKDOWN, Replayer
 
     try:
+        for option, path in (("--chrome-trace", chrome), ("--plot", plot)):
+            if path is not None:
+                check_output(path, option, [store])
         parse_whatifs(source_gpu, speedups, (gpu,) if gpu else (), gpu_clock, power_cap)
         steps, ranks = parse_bounds(steps_range, ranks_spec, step)
         windows = windows_of(annotation, instance, window)

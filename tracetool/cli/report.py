@@ -16,6 +16,7 @@ from tracetool.cli._errors import fail_line
 from tracetool.cli._job import window_options, windows_of
 from tracetool.cli._store import store_arg
 from tracetool.errors import InputError, StoreError
+from tracetool.outputs import OutputError, check_output
 
 
 @click.command("report", short_help="Summarise a job: text or JSON, plus Markdown and "
@@ -46,9 +47,10 @@ def report_command(store: Path | str, out: Path, job: str | None, as_json: bool,
     Exit code 0 on success, 1 when the store or job cannot be read, 2 for an annotation or
     window that selects nothing (one line on stderr)."""
     try:
+        check_output(out, "--out", [store], directory=True)
         windows = windows_of(annotation, instance, window)
         con, job = open_job(store, job)
-    except StoreError as err:
+    except (StoreError, OutputError) as err:
         fail_line(str(err))
     except InputError as err:
         fail_line(str(err), code=2)

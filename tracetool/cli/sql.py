@@ -9,7 +9,6 @@ permits writes under DIR, and ``--output`` is written here, from Python.
 from __future__ import annotations
 
 import json
-import os
 import re
 import sys
 from pathlib import Path
@@ -18,9 +17,11 @@ import click
 import duckdb
 
 from tracetool.analysis.connect import connect, setup_sql
+from tracetool.cli._errors import fail_line
 from tracetool.cli._store import store_arg
-from tracetool.errors import one_line
-from tracetool.store_views import local_root, writable_dirs
+from tracetool.errors import InputError, one_line
+from tracetool.outputs import OutputError, atomic_write, check_output, write_text
+from tracetool.store_views import writable_dirs
 from tracetool.text import printable
 
 FORMATS = ("table", "csv", "json", "parquet")
@@ -41,7 +42,9 @@ class Refused(Exception):
 @click.argument("store", type=store_arg(file_okay=False))
 @click.argument("query", required=False)
 @click.option("--format", "fmt", type=click.Choice(FORMATS), default="table", show_default=True,
-              help="Output format (parquet needs --output).")
+              help="Output format (parquet needs --output). On stdout, table and csv show "
+                   "control characters in names as escapes (\\n, \\x1b); csv written with "
+                   "--output keeps them as they are.")
 @click.option("--output", "-o", type=click.Path(path_type=Path, dir_okay=False),
               help="Write the result to this file (outside the store) instead of stdout.")
 @click.option("--json", "as_json", is_flag=True, help="Same as --format json.")
@@ -73,8 +76,13 @@ def sql_command(store: Path | str, query: str | None, fmt: str, output: Path | N
     fmt = "json" if as_json else fmt
     if fmt == "parquet" and output is None:
         raise click.UsageError("--format parquet needs --output FILE")
-    if output is not None and _inside(output, store):
-        raise click.BadParameter(f"{output} is inside the store {store}", param_hint="--output")
+    try:
+        if output is not None:
+            check_output(output, "--output", [store])
+    except InputError as err:  # inside a store
+        fail_line(one_line(err), code=2)
+    except OutputError as err:
+        fail_line(one_line(err))
     try:
         check_statements(query, writes_allowed=bool(allow_writes))
         con = connect(store, allow_writes=allow_writes)
@@ -89,12 +97,15 @@ def sql_command(store: Path | str, query: str | None, fmt: str, output: Path | N
         if fmt == "parquet":
             _write_parquet(rel, output)
             return
-        text = _render(rel, fmt)
+        text = _render(rel, fmt, escape=output is None)
     except (duckdb.Error, OSError, Refused) as err:
         click.echo(f"tracetool: error: {_explain(err)}", err=True)
         sys.exit(1)
     if output is not None:
-        output.write_text(text)
+        try:
+            write_text(output, text)
+        except OSError as err:
+            fail_line(f"--output: {output}: {err.strerror or one_line(err)}")
     else:
         click.echo(text, nl=not text.endswith("\n"))
 
@@ -131,30 +142,22 @@ def _explain(err: BaseException) -> str:
     return first
 
 
-def _inside(path: Path, store: Path | str) -> bool:
-    """Whether ``path`` is in the store's directory tree (symlinks resolved; for an object
-    store, the cache of its local copies)."""
-    root = local_root(store)
-    return root in path.resolve().parents
-
-
 def _write_parquet(rel: duckdb.DuckDBPyRelation, output: Path) -> None:
     """The result as a Parquet file, written from Python (queries cannot write files):
     streamed in batches to a temporary name beside it, then renamed into place."""
     import pyarrow.parquet as pq
 
     reader = rel.to_arrow_reader(1 << 17)
-    tmp = output.with_name(f".{output.name}.{os.getpid()}.tmp")
-    try:
-        with pq.ParquetWriter(tmp, reader.schema, compression="zstd") as w:
-            for batch in reader:
-                w.write_batch(batch)
-        os.replace(tmp, output)
-    finally:
-        tmp.unlink(missing_ok=True)
+    with atomic_write(output) as f, pq.ParquetWriter(f, reader.schema, compression="zstd") as w:
+        for batch in reader:
+            w.write_batch(batch)
 
 
-def _render(rel: duckdb.DuckDBPyRelation, fmt: str) -> str:
+def _render(rel: duckdb.DuckDBPyRelation, fmt: str, escape: bool) -> str:
+    """The result as text. Names from traces are hostile text (tracetool.text): the table
+    shows control characters as escapes, and so does CSV when ``escape`` (it goes to
+    stdout, often a terminal); CSV written to --output keeps every character as it is;
+    JSON escapes them by its own rules."""
     cols = rel.columns
     rows = rel.fetchall()
     if fmt == "json":
@@ -162,14 +165,30 @@ def _render(rel: duckdb.DuckDBPyRelation, fmt: str) -> str:
                        for r in rows)
     if fmt == "csv":
         import csv
-        import io
 
-        buf = io.StringIO()
-        w = csv.writer(buf, lineterminator="\n")
+        if escape:
+            cols = [printable(c) for c in cols]
+            rows = [[printable(v) if isinstance(v, str) else v for v in r] for r in rows]
+        # csv quotes a field holding a character of its line terminator: with "\r\n" a field
+        # with \r is quoted too (with "\n" alone it was not, and readers split the row
+        # there); each record is then ended by "\n" (the writer writes one record a call)
+        records: list[str] = []
+        w = csv.writer(_Records(records), lineterminator="\r\n")
         w.writerow(cols)
         w.writerows(rows)
-        return buf.getvalue()
+        return "".join(records)
     return _table(cols, rows)
+
+
+class _Records:
+    """A file for csv.writer that keeps each record, ended by "\\n" instead of "\\r\\n"."""
+
+    def __init__(self, records: list[str]) -> None:
+        self.records = records
+
+    def write(self, record: str) -> int:
+        self.records.append(record[:-2] + "\n")
+        return len(record)
 
 
 def _jsonable(v: object) -> object:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import csv
 import json
-import os
 from pathlib import Path
 
 import click
@@ -25,6 +24,7 @@ from tracetool.cli.replay import (
     scenario_options,
     start_compiler,
 )
+from tracetool.outputs import atomic_write, check_output
 from tracetool.replay.graph import Bounds
 from tracetool.replay.plots import plot_sweep
 
@@ -63,6 +63,7 @@ def sweep_command(store: Path, job: str | None, source_gpu: str | None,
     from tracetool.replay.sweep import sweep
 
     try:
+        check_output(out, "--out", [store], directory=True)
         if not axes and not gpus and not dp_scales:
             raise click.ClickException("nothing to sweep: give --network key=v1,v2,..., "
                                        "--gpu or --dp-scale")
@@ -115,8 +116,7 @@ def sweep_command(store: Path, job: str | None, source_gpu: str | None,
 def _write_csv(rows: list[dict], path: Path) -> None:
     from tracetool.replay.run import BREAKDOWN
 
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", newline="") as f:
+    with atomic_write(path, "w", newline="", encoding="utf-8") as f:
         w = csv.writer(f)
         w.writerow(["setting", "steps", "measured_step_ns", "projected_step_ns", "low_ns",
                     "high_ns", *[f"{k}_ns" for k in BREAKDOWN], "comm_ns"])
@@ -124,4 +124,3 @@ def _write_csv(rows: list[dict], path: Path) -> None:
             b = r["projected_breakdown_ns"]
             w.writerow([r["setting"], r["steps"], r["measured_step_ns"], r["projected_step_ns"],
                         r["low_ns"], r["high_ns"], *[b[k] for k in BREAKDOWN], b["comm_ns"]])
-    os.replace(tmp, path)
