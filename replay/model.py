@@ -135,6 +135,14 @@ def check_scenario(graph: ReplayGraph, scenario: Scenario) -> None:
     if scenario.gpu is not None and not len(graph.ops["dur"]):
         raise WhatIfError(f"GPU {scenario.gpu.name!r}: job {graph.job} has no GPU ops (a "
                           "CPU job), so a GPU changes nothing; change its network instead")
+    if scenario.gpu is not None and source_gpu(graph, scenario) is None:
+        # an accelerator that is not a catalog GPU (MTIA's ARTEMIS, an unlisted GPU): its
+        # ops' speeds are unknown, so no ratio to the target exists
+        ran_on = ", ".join(sorted(set(graph.devices))) or "a device the trace does not name"
+        raise WhatIfError(f"GPU {scenario.gpu.name!r}: job {graph.job} ran on {ran_on}, "
+                          "which has no entry in the GPU catalog, so its ops cannot be "
+                          "projected onto another GPU (give --source-gpu to take it as one "
+                          "of the catalog's)")
     if scenario.changes_clock:
         if not len(graph.ops["dur"]):
             what = (f"GPU clock {scenario.gpu_clock_mhz:g} MHz"

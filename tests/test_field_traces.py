@@ -7,14 +7,16 @@ job (one module-scoped store, ingested once)."""
 
 from __future__ import annotations
 
+import gzip
 import json
+from decimal import Decimal
 from pathlib import Path
 
 import pytest
 
 import tracetool
 
-from ._util import kineto_text, run, write, x
+from ._util import SHARED_TRACES, kineto_text, run, write, x
 
 # --- self time -----------------------------------------------------------------------------
 
@@ -86,3 +88,113 @@ def test_cpu_op_shares_never_exceed_100_percent(overlap_store: Path, tmp_path: P
     assert {r["name"]: round(r["share"], 12) for r in rows} == {
         n: round(v / total, 12) for n, v in want.items()}
     assert all(0 <= r["share"] <= 1 for r in rows)
+
+
+# --- the corpus: one store, ingested once ----------------------------------------------------
+
+HTA = "facebookresearch__HolisticTraceAnalysis/tests/data/"
+MTIA = SHARED_TRACES / HTA / "mtia_inference_trace/mtia_inference_rank_0.json.gz"
+A100_LONE = SHARED_TRACES / HTA / "negative_queue_length_values_check/rank0.json.gz"
+B200 = SHARED_TRACES / "AMD-AGI__TraceLens/tests/traces/b200/eager_trace.json.gz"
+CORPUS = {"mtia": MTIA, "a100": A100_LONE, "b200": B200}
+needs_corpus = pytest.mark.skipif(not all(p.is_file() for p in CORPUS.values()),
+                                  reason=f"corpus traces not found under {SHARED_TRACES}")
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    store = tmp_path_factory.mktemp("field") / "store"
+    for job, path in CORPUS.items():
+        code, _, err = run("ingest", path, "--store", store, "--job", job)
+        assert code == 0, err
+    return store
+
+
+def _raw(path: Path) -> tuple[int, list[dict]]:
+    """(baseTimeNanoseconds, traceEvents) with ts and dur exact (Decimal)."""
+    with gzip.open(path, "rb") as f:
+        doc = json.loads(f.read(), parse_float=Decimal)
+    return int(doc.get("baseTimeNanoseconds", 0)), doc["traceEvents"]
+
+
+def _ns(base: int, us: object) -> int:
+    return base + int(Decimal(str(us)) * 1000)
+
+
+def _union(intervals: list[tuple[int, int]], lo: int, hi: int) -> int:
+    """Length of the union of [s, e) clipped to [lo, hi)."""
+    total, cur_s, cur_e = 0, None, None
+    for s, e in sorted((max(s, lo), min(e, hi)) for s, e in intervals):
+        if e <= s:
+            continue
+        if cur_e is None or s > cur_e:
+            total += 0 if cur_e is None else cur_e - cur_s
+            cur_s, cur_e = s, e
+        else:
+            cur_e = max(cur_e, e)
+    return total + (0 if cur_e is None else cur_e - cur_s)
+
+
+@needs_corpus
+def test_mtia_device_ops_are_gpu_ops(corpus: Path) -> None:
+    """Every MTIA device op (mtia_ccp_events) is in gpu_ops on its device and stream: DMA
+    transfers as copies, the rest as kernels; the event records and waits are not."""
+    base, evs = _raw(MTIA)
+    want = {}
+    for e in evs:
+        if e.get("cat") != "mtia_ccp_events" or e["name"] in ("event_record", "event_wait"):
+            continue
+        kind = "memcpy" if e["name"].startswith("dma") else "kernel"
+        want[(_ns(base, e["ts"]), e["name"])] = (kind, e["pid"], e["args"]["stream"])
+    assert len(want) == 974 and {v[0] for v in want.values()} == {"memcpy", "kernel"}
+    con = tracetool.connect(corpus)
+    got = {(ts, name): (kind, device, stream) for ts, name, kind, device, stream in con.sql(
+        "SELECT ts_ns, name, kind, device, stream FROM gpu_ops WHERE job = 'mtia'").fetchall()}
+    assert got == want
+    kernels = con.execute("SELECT count(*) FROM kernels WHERE job = 'mtia'").fetchone()[0]
+    assert kernels == sum(v[0] == "kernel" for v in want.values())
+
+
+@needs_corpus
+def test_mtia_breakdown_has_its_device_time(corpus: Path, tmp_path: Path) -> None:
+    """A window's breakdown counts the device's busy time: compute is the union of its
+    kernel-like ops, memcpy of its DMA transfers, both computed here from the raw JSON; the
+    report no longer calls the job CPU-only, and the critical path goes through the device."""
+    code, out, err = run("report", corpus, "--job", "mtia", "--window", "0ms:440ms",
+                         "--out", tmp_path / "r", "--json")
+    assert code == 0, err
+    rep = json.loads(out)
+    base, evs = _raw(MTIA)
+    t0 = min(_ns(base, e["ts"]) for e in evs if e.get("ph") == "X")
+    lo, hi = t0, t0 + 440_000_000
+    dev = [e for e in evs if e.get("cat") == "mtia_ccp_events"
+           and e["name"] not in ("event_record", "event_wait")]
+
+    def span(e: dict) -> tuple[int, int]:
+        return _ns(base, e["ts"]), _ns(base, e["ts"]) + int(Decimal(str(e["dur"])) * 1000)
+
+    compute = _union([span(e) for e in dev if not e["name"].startswith("dma")], lo, hi)
+    copies = _union([span(e) for e in dev if e["name"].startswith("dma")], lo, hi)
+    busy = _union([span(e) for e in dev], lo, hi)
+    (bd,) = rep["breakdown"]
+    assert (bd["compute_ns"], bd["memcpy_ns"]) == (compute, copies)
+    assert compute > 400_000_000  # 411 ms of device compute in 440 ms
+    assert bd["idle_ns"] == 440_000_000 - busy
+    assert rep["top"]["what"] == "kernels"
+    assert "CPU-only" not in (tmp_path / "r" / "report.md").read_text()
+    by_kind = {k["kind"]: k["dur_ns"] for k in rep["critical_path"]["by_kind"]}
+    assert by_kind.get("compute", 0) > 0.1 * rep["critical_path"]["dur_ns"]
+
+
+@needs_corpus
+def test_gpu_what_if_on_an_accelerator_not_in_the_catalog(corpus: Path) -> None:
+    code, out, err = run("replay", corpus, "--job", "mtia", "--gpu", "b200")
+    assert (code, out) == (2, "")
+    assert err == ("tracetool: error: GPU 'B200 (HGX, 1 kW)': job mtia ran on ARTEMIS, which "
+                   "has no entry in the GPU catalog, so its ops cannot be projected onto "
+                   "another GPU (give --source-gpu to take it as one of the catalog's)\n")
+    # the network what-ifs are not refused as on a CPU job: they run (the trace has no
+    # collective, so nothing changes)
+    code, out, err = run("replay", corpus, "--job", "mtia", "--network", "inter_node_bw=1Gbit/s",
+                         "--source-network", "gpus_per_node=1,inter_node_bw=100Gbit/s", "--json")
+    assert code == 0, err
