@@ -198,3 +198,27 @@ def test_gpu_what_if_on_an_accelerator_not_in_the_catalog(corpus: Path) -> None:
     code, out, err = run("replay", corpus, "--job", "mtia", "--network", "inter_node_bw=1Gbit/s",
                          "--source-network", "gpus_per_node=1,inter_node_bw=100Gbit/s", "--json")
     assert code == 0, err
+
+
+@needs_corpus
+def test_corpus_self_times_are_never_negative(corpus: Path) -> None:
+    """On the real traces, every cpu_op's self time is its duration less its direct
+    children's time inside it (computed here from the stored nesting), and never negative;
+    the B200 trace has children that outlive their parents, so the clipping is exercised."""
+    con = tracetool.connect(corpus)
+    kids: dict[tuple[str, int], list[tuple[int, int]]] = {}
+    for job, parent, ts, end in con.execute(
+            "SELECT job, parent_eid, ts_ns, end_ns FROM events "
+            "WHERE parent_eid IS NOT NULL AND ph = 'X'").fetchall():
+        kids.setdefault((job, parent), []).append((ts, end))
+    n_clipped = 0
+    for job in CORPUS:
+        rows = con.execute("SELECT eid, dur_ns, end_ns, self_ns FROM cpu_ops WHERE job = ?",
+                           [job]).fetchall()
+        assert rows, job
+        for eid, dur, end, self_ns in rows:
+            children = kids.get((job, eid), [])
+            n_clipped += any(e > end for _, e in children)
+            assert self_ns == dur - sum(min(e, end) - s for s, e in children), (job, eid)
+            assert self_ns >= 0, (job, eid)
+    assert n_clipped > 0
