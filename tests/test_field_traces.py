@@ -222,3 +222,75 @@ def test_corpus_self_times_are_never_negative(corpus: Path) -> None:
             assert self_ns == dur - sum(min(e, end) - s for s, e in children), (job, eid)
             assert self_ns >= 0, (job, eid)
     assert n_clipped > 0
+
+
+# --- one rank of many ------------------------------------------------------------------------
+
+def _note(job: str, world: int) -> str:
+    return (f"job {job} holds rank 0 of {world} (distributedInfo / pg_config): the other "
+            f"{world - 1} are not in the store, so the collectives' waits and skew and the "
+            "critical path see only the traced rank")
+
+
+@needs_corpus
+def test_group_sizes_of_a_lone_rank(corpus: Path) -> None:
+    """The A100 rank names no process group in its calls: its collectives are the default
+    group's, the world of distributedInfo; the B200 rank's groups are pg_config's, read here
+    from the raw JSON."""
+    con = tracetool.connect(corpus)
+    assert con.execute("SELECT job, n_ranks, world_size, n_missing FROM job_world "
+                       "ORDER BY job").fetchall() == [
+        ("a100", 1, 16, 15), ("b200", 1, 8, 7), ("mtia", 1, None, 0)]
+    with gzip.open(A100_LONE, "rb") as f:
+        di = json.loads(f.read())["distributedInfo"]
+    assert di["world_size"] == 16 and "pg_config" not in di
+    n_calls = con.execute("SELECT count(*) FROM collectives WHERE job = 'a100'").fetchone()[0]
+    assert n_calls and con.execute(
+        "SELECT count(*), min(group_size), max(group_size), any_value(group_size_from) "
+        "FROM collective_ranks WHERE job = 'a100'").fetchone() == (n_calls, 16, 16,
+                                                                  "world_size")
+    with gzip.open(B200, "rb") as f:
+        pgs = json.loads(f.read())["distributedInfo"]["pg_config"]
+    want = {(g["pg_name"], g["pg_size"], tuple(g["ranks"])) for g in pgs}
+    got = {(n, s, tuple(r)) for n, s, r in con.execute(
+        "SELECT pg_name, pg_size, ranks FROM process_groups WHERE job = 'b200'").fetchall()}
+    assert got == want and len(got) == len(pgs)
+    # the busbw of a 16-rank allreduce: algbw x 2 (16 - 1) / 16
+    rows = con.execute("SELECT algbw_gbps, busbw_gbps FROM collective_instances "
+                       "WHERE job = 'a100' AND kind = 'allreduce'").fetchall()
+    assert rows and all(b == pytest.approx(a * 2 * 15 / 16) for a, b in rows)
+
+
+@needs_corpus
+def test_every_command_says_the_job_is_one_rank_of_many(corpus: Path, tmp_path: Path) -> None:
+    code, out, err = run("report", corpus, "--job", "b200", "--out", tmp_path / "r", "--json")
+    assert code == 0, err
+    assert json.loads(out)["warnings"].count(_note("b200", 8)) == 1
+    assert (tmp_path / "r" / "report.md").read_text().count("holds rank 0 of 8") == 1
+    code, out, err = run("critical-path", corpus, "--job", "b200", "--json")
+    assert code == 0, err
+    assert json.loads(out)["warnings"] == [_note("b200", 8)]
+    assert err.count("holds rank 0 of 8") == 1
+    code, out, err = run("critical-path", corpus, "--job", "mtia", "--json")
+    assert code == 0 and json.loads(out)["warnings"] == [] and "holds" not in err
+
+
+@needs_corpus
+def test_a_lone_rank_is_priced_with_its_peers(corpus: Path) -> None:
+    """The 16-rank A100 job's rank 0 projected onto 1 Gbit/s + 10 ms between nodes: each
+    collective is priced over 16 ranks (two nodes of 8), so the step times grow, and the
+    notes and JSON say on what assumption."""
+    code, out, err = run("replay", corpus, "--job", "a100", "--network",
+                         "inter_node_bw=1Gbit/s,inter_node_latency=10ms", "--json")
+    assert code == 0, err
+    res = json.loads(out)
+    assert res["bounds"]["world_size"] == 16 and res["bounds"]["job_ranks"] == [0]
+    (note,) = [n for n in res["notes"] if "holds rank 0 of 16" in n]
+    assert note == _note("a100", 16) + (
+        "; each collective is priced over its process group's size (collective_ranks."
+        "group_size: pg_config, else the world size for a call that names no group), the "
+        "untraced ranks assumed to run as the traced ones do (symmetric peers)")
+    steps = res["steps"]
+    assert steps and all(s["projected_step_ns"] >= s["measured_step_ns"] for s in steps)
+    assert sum(s["projected_step_ns"] for s in steps) > 2 * sum(
+        s["measured_step_ns"] for s in steps)
