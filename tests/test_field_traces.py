@@ -153,6 +153,17 @@ def test_mtia_device_ops_are_gpu_ops(corpus: Path) -> None:
     assert got == want
     kernels = con.execute("SELECT count(*) FROM kernels WHERE job = 'mtia'").fetchone()[0]
     assert kernels == sum(v[0] == "kernel" for v in want.values())
+    # the DMA transfers' directions and sizes, as memory_copies reads them
+    short = {"HOST_TO_DEVICE": "HtoD", "DEVICE_TO_HOST": "DtoH"}
+    copies: dict[str, list[int]] = {}
+    for e in evs:
+        if e.get("cat") == "mtia_ccp_events" and e["name"].startswith("dma"):
+            c = copies.setdefault(short[e["args"]["direction"]], [0, 0])
+            c[0] += 1
+            c[1] += e["args"]["size"]
+    assert dict((d, [n, b]) for d, n, b in con.execute(
+        "SELECT direction, count(*), sum(bytes) FROM memory_copies WHERE job = 'mtia' "
+        "GROUP BY direction").fetchall()) == copies
 
 
 @needs_corpus
