@@ -40,6 +40,27 @@ def collective_warnings(con: duckdb.DuckDBPyConnection, job: str) -> list[str]:
     return out
 
 
+def missing_ranks_note(job: str, ranks: list[int], world_size: int | None) -> str | None:
+    """The sentence every command prints once for a job that holds fewer ranks than its traces
+    name (``job_world``: distributedInfo.world_size, pg_config), None for a whole job."""
+    if world_size is None or world_size <= len(ranks):
+        return None
+    held = (f"rank {ranks[0]}" if len(ranks) == 1
+            else f"{len(ranks)} ranks ({_ranks_text(sorted(ranks))})")
+    return (f"job {job} holds {held} of {world_size} (distributedInfo / pg_config): the "
+            f"other {world_size - len(ranks)} are not in the store, so the collectives' waits "
+            "and skew and the critical path see only the traced "
+            f"rank{'' if len(ranks) == 1 else 's'}")
+
+
+def job_missing_ranks_note(con: duckdb.DuckDBPyConnection, job: str) -> str | None:
+    """``missing_ranks_note`` of ``job`` in the store ``con`` reads (view job_world)."""
+    row = con.execute("""SELECT w.world_size, (SELECT list(DISTINCT rank ORDER BY rank)
+                                                FROM trace_files WHERE job = w.job)
+                         FROM job_world w WHERE w.job = ?""", [job]).fetchone()
+    return None if row is None else missing_ranks_note(job, row[1] or [], row[0])
+
+
 def warn_collectives(con: duckdb.DuckDBPyConnection, job: str,
                      file: TextIO | None = None) -> list[str]:
     """Print ``job``'s collective warnings, each as ``tracetool: warning: ...`` on stderr

@@ -28,7 +28,7 @@ from tracetool.analysis.charts import (
     draw_top,
 )
 from tracetool.analysis.chrome_trace import write_path_trace
-from tracetool.analysis.collectives import collective_warnings
+from tracetool.analysis.collectives import collective_warnings, job_missing_ranks_note
 from tracetool.analysis.step_timeline import choose_step, timeline_data
 from tracetool.errors import one_line
 from tracetool.numbers import round_ns
@@ -97,7 +97,9 @@ def summarize(con: duckdb.DuckDBPyConnection, job: str, include_incomplete: bool
         "breakdown": charted["breakdown"],
         "top": charted["top"],
         "collectives": charted["collectives"],
-        "warnings": collective_warnings(con, job),  # how well collectives matched
+        # a job of one rank of many, then how well collectives matched
+        "warnings": [w for w in [job_missing_ranks_note(con, job)] if w]
+        + collective_warnings(con, job),
     }
 
 

@@ -30,7 +30,7 @@ from tracetool.schema import TABLES_BY_NAME
 from tracetool.sqltext import literal, path_list
 
 from .finish import FinishJob, save_dense
-from .kinds import CPU_KINDS, GPU_KINDS, LAUNCH_KINDS
+from .kinds import CPU_KINDS, GPU_KINDS, GPU_OP_KINDS, LAUNCH_KINDS, gpu_op_kind_sql
 from .nesting import nest_and_bind
 from .workers import full_events_part
 
@@ -530,6 +530,7 @@ def derive_gpu_ops(con: duckdb.DuckDBPyConnection, members: list[Member]) -> Non
     _cpu_steps(con, members)
     # one parse of args per GPU op for all nine values (DuckDB's list-of-paths form)
     paths = ", ".join(f"'{p}'" for p in GPU_ARG_PATHS)
+    gpu_op_kinds = ", ".join(f"'{k}'" for k in GPU_OP_KINDS)
     x = {name: f"TRY_CAST(jx[{i + 1}] AS BIGINT)" for i, name in enumerate(GPU_ARG_PATHS.values())}
     con.execute(f"""
         CREATE OR REPLACE TABLE g AS
@@ -540,9 +541,10 @@ def derive_gpu_ops(con: duckdb.DuckDBPyConnection, members: list[Member]) -> Non
                {x['registers_per_thread']} AS registers_per_thread,
                {x['shared_memory']} AS shared_memory,
                coalesce({x['bytes']}, {x['size']}) AS bytes, is_comm
-        FROM (SELECT *, json_extract_string(args, [{paths}]) AS jx,
+        FROM (SELECT * REPLACE ({gpu_op_kind_sql()} AS kind),
+                     json_extract_string(args, [{paths}]) AS jx,
                      (kind = 'kernel' AND {COMM_KERNEL.replace('g.', '')}) AS is_comm
-              FROM {ev} WHERE kind IN ('kernel', 'memcpy', 'memset'))""")
+              FROM {ev} WHERE kind IN ({gpu_op_kinds}) AND {gpu_op_kind_sql()} IS NOT NULL)""")
     con.execute(f"""
         CREATE OR REPLACE TABLE l AS
         SELECT e.file, e.correlation,

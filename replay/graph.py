@@ -50,6 +50,7 @@ import duckdb
 import numpy as np
 import pyarrow as pa
 
+from tracetool.analysis.collectives import missing_ranks_note
 from tracetool.errors import InputError
 from tracetool.graph import CLASSES, KIND_NAMES
 
@@ -255,6 +256,7 @@ class ReplayGraph:
     step_reported: np.ndarray | None = None
     partial: int = 0  # collective instances whose last arrival is not replayed
     frontier: int = 0  # events outside the bounds kept as fixed points
+    world_size: int | None = None  # the job's size as its traces name it (view job_world)
     # what the models derive from the graph alone, computed once (model.overlap_share, ...)
     memo: dict = field(default_factory=dict, repr=False, compare=False)
 
@@ -270,6 +272,12 @@ class ReplayGraph:
     def notes(self) -> list[str]:
         """What the bounds left out, in a sentence each (the result's notes)."""
         out = []
+        missing = missing_ranks_note(self.job, self.ranks.tolist(), self.world_size)
+        if missing:
+            out.append(f"{missing}; each collective is priced over its process group's size "
+                       "(collective_ranks.group_size: pg_config, else the world size for a "
+                       "call that names no group), the untraced ranks assumed to run as the "
+                       "traced ones do (symmetric peers)")
         if self.bounds.ranks is not None:
             out.append(f"replayed ranks {_ranges(self.replayed_ranks.tolist())} of "
                        f"{len(self.ranks)}")
@@ -602,6 +610,8 @@ def _build(con: duckdb.DuckDBPyConnection, owner: duckdb.DuckDBPyConnection, job
         "SELECT DISTINCT rank FROM trace_files WHERE job = ? ORDER BY 1", [job]).fetchall()],
         dtype=np.int64)
     replayed = np.unique(nodes["rank"][~nodes["frontier"]]).astype(np.int64)
+    (world,) = con.execute("SELECT max(world_size) FROM job_world WHERE job = ?",
+                           [job]).fetchone()
     return ReplayGraph(
         job=job, origin_ns=origin, t0=t0, order=order, ptr=ptr, src=src, dst=dst, lag=lag,
         base_w=base_w, kind=kind, role=role, op=op, inst=inst, cycle_breaks=int(breaks),
@@ -612,7 +622,8 @@ def _build(con: duckdb.DuckDBPyConnection, owner: duckdb.DuckDBPyConnection, job
         step_complete=complete, rank_steps=rank_steps, breakdown=breakdown, ranks=job_ranks,
         devices=devices, grad_numel=Lazy({}, lambda: _grad_numel(owner.cursor(), job)),
         bounds=Bounds(sel.steps, sel.ranks), replayed_ranks=replayed,
-        step_reported=reported, partial=int(partial.sum()), frontier=frontier)
+        step_reported=reported, partial=int(partial.sum()), frontier=frontier,
+        world_size=world)
 
 
 def _read_graph(con: duckdb.DuckDBPyConnection, sel: _Selection

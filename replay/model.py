@@ -135,6 +135,15 @@ def check_scenario(graph: ReplayGraph, scenario: Scenario) -> None:
     if scenario.gpu is not None and not len(graph.ops["dur"]):
         raise WhatIfError(f"GPU {scenario.gpu.name!r}: job {graph.job} has no GPU ops (a "
                           "CPU job), so a GPU changes nothing; change its network instead")
+    if scenario.gpu is not None and source_gpu(graph, scenario) is None:
+        # an accelerator that is not a catalog GPU (MTIA's ARTEMIS, an unlisted GPU): its
+        # ops' speeds are unknown, so no ratio to the target exists
+        what = (f"ran on {', '.join(sorted(set(graph.devices)))}, which has no entry in "
+                "the GPU catalog" if graph.devices else "names no device (deviceProperties)")
+        hint = ("take it as one of the catalog's" if graph.devices
+                else "name the one it ran on")
+        raise WhatIfError(f"GPU {scenario.gpu.name!r}: job {graph.job} {what}, so its ops "
+                          f"cannot be projected onto another GPU (give --source-gpu to {hint})")
     if scenario.changes_clock:
         if not len(graph.ops["dur"]):
             what = (f"GPU clock {scenario.gpu_clock_mhz:g} MHz"

@@ -195,6 +195,7 @@ class Replayer:
         return {"steps": None if g.bounds.steps is None else list(g.bounds.steps),
                 "ranks": None if g.bounds.ranks is None else list(g.bounds.ranks),
                 "replayed_ranks": g.replayed_ranks.tolist(), "job_ranks": g.ranks.tolist(),
+                "world_size": g.world_size,
                 "partial_collectives": g.partial, "fixed_points": g.frontier}
 
     def _band(self, measured: np.ndarray, projected: np.ndarray, spans: np.ndarray

@@ -32,8 +32,21 @@ EVENT_PHASES = frozenset("XiIRbneB")
 FLOW_PHASES = frozenset("stf")
 GPU_OP_CATS = {"kernel": "kernel", "Kernel": "kernel", "gpu_memcpy": "memcpy",
                "Memcpy": "memcpy", "gpu_memset": "memset", "Memset": "memset"}
+
+
+def gpu_op_kind(cat: object, name: object) -> str | None:
+    """The gpu_ops kind of a raw event, None if not a GPU op: MTIA's device ops
+    (mtia_ccp_events) are copies when named dma*, not GPU ops when they are the device's
+    event records and waits, else kernels (the schema's gpu_ops.kind)."""
+    if cat in GPU_OP_CATS:
+        return GPU_OP_CATS[cat]
+    if cat != "mtia_ccp_events" or name in ("event_record", "event_wait"):
+        return None
+    return "memcpy" if str(name).lower().startswith("dma") else "kernel"
 # Runtime/driver calls that launch GPU work ("Runtime" is the 2021 name of cuda_runtime).
-LAUNCH_CATS = frozenset({"cuda_runtime", "cuda_driver", "Runtime"})
+LAUNCH_CATS = frozenset({"cuda_runtime", "cuda_driver", "Runtime", "mtia_runtime",
+                         "xpu_runtime", "xpu_driver", "privateuse1_runtime",
+                         "privateuse1_driver", "hpu_op"})
 NOT_COLLECTIVES = frozenset({"wait", "monitored_barrier"})
 COMM_KERNEL = re.compile(r"^nccl|rccl|multimem|all_?reduce.*kernel", re.IGNORECASE)
 COLLECTIVE_KEYS = frozenset({"Collective name", "Comms Id", "In msg nelems", "In msg size",
@@ -156,8 +169,8 @@ def summarize(path: Path, rel_path: str) -> RawTrace:
                 t.n_kernels += 1
                 if COMM_KERNEL.search(name or "") or "Collective name" in args:
                     t.n_comm_kernels += 1
-            if cat in GPU_OP_CATS:
-                t.gpu_ops[k] = (GPU_OP_CATS[cat], args.get("correlation"))
+            if gpu_op_kind(cat, name) is not None:
+                t.gpu_ops[k] = (gpu_op_kind(cat, name), args.get("correlation"))
             if cat in LAUNCH_CATS and args.get("correlation") is not None:
                 launches[args["correlation"]].append((k, name))
             m = STEP_NAME.fullmatch(name or "")
@@ -431,7 +444,8 @@ def test_exact_counts(kineto_file: str, raw: dict[str, RawTrace], corpus: Corpus
     from_kernels = not sum(colls.values())  # neither: one collective per comm kernel
     want = {
         "events": t.n_events, "flows": t.n_flows, "metadata_events": t.n_meta,
-        "counter events": t.n_counter_events, "kernels": t.n_kernels, "steps": len(t.steps),
+        "counter events": t.n_counter_events,
+        "kernels": sum(kind == "kernel" for kind, _ in t.gpu_ops.values()), "steps": len(t.steps),
         "collectives": t.n_comm_kernels if from_kernels else sum(colls.values()),
     }
     assert got == want

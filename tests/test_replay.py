@@ -362,7 +362,10 @@ def test_trace_without_profiler_steps_is_one_window(tmp_path: Path) -> None:
     assert s.projected_ns == pytest.approx(
         150_000 + floor_b + (100_000 - floor_h) * ratio + 10_000, abs=1)
     code, _, stderr = run("replay", store, "--gpu", "b200")
-    assert code == 1 and "give --source-gpu" in stderr
+    assert (code, stderr) == (2, "tracetool: error: GPU 'B200 (HGX, 1 kW)': job nostep names "
+                                 "no device (deviceProperties), so its ops cannot be projected "
+                                 "onto another GPU (give --source-gpu to name the one it ran "
+                                 "on)\n")
 
 
 def test_sweep_axis_units() -> None:

@@ -54,4 +54,5 @@ SYNC_CALLS = (
     "cudaDeviceSynchronize", "cudaStreamSynchronize", "cudaEventSynchronize",
     "cuCtxSynchronize", "cuStreamSynchronize", "cuEventSynchronize",
     "hipDeviceSynchronize", "hipStreamSynchronize", "hipEventSynchronize",
+    "synchronizeStream",  # MTIA's runtime (mtia_runtime): the host waits for a stream
 )

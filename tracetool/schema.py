@@ -171,12 +171,17 @@ EVENTS = Table(
 GPU_OPS = Table(
     "gpu_ops",
     "GPU activities (kernels, memcpy, memset) with their device, stream, launch "
-    "configuration, size, the runtime call that launched them and the CPU op that issued it.",
+    "configuration, size, the runtime call that launched them and the CPU op that issued it; "
+    "also the device ops of accelerators that are not GPUs (events.kind accelerator_op: MTIA), "
+    "analysed like GPU ops.",
     (
         _c("eid", I64, "eid of the GPU op in events."),
-        _c("kind", STR, "kernel, memcpy or memset."),
+        _c("kind", STR, "kernel, memcpy or memset. A device op of another accelerator is a "
+           "memcpy when its name starts with dma (MTIA's DMA transfers), else a kernel; its "
+           "event records and waits (event_record, event_wait) synchronize streams and are not "
+           "GPU ops (tracetool/ingest/kinds.py)."),
         _c("name", STR, "Kernel or copy name."),
-        _c("device", I32, "GPU index (args.device, else pid)."),
+        _c("device", I32, "GPU (or accelerator) index (args.device, else pid)."),
         _c("stream", I64, "Stream id (args.stream, else tid)."),
         _c("ts_ns", I64, "Start on the GPU, ns since the epoch."),
         _c("dur_ns", I64, "Duration, ns."),

@@ -39,14 +39,27 @@ FROM (SELECT *,  -- the function name, without template or call arguments
 -- @view cpu_ops: CPU operators (cat cpu_op, or Operator before 2022) with their self time.
 -- job, rank, eid, name, tid: the op and its thread. ts_ns, end_ns, dur_ns: when, how long.
 -- depth, parent_eid: nesting on the thread. self_ns: dur_ns minus the time of its direct
---   children (any kind) on the same thread. external_id, seq_nr: PyTorch ids.
+--   children (any kind) on the same thread inside it: a child that starts inside the op
+--   but ends after it (events.overlaps_parent, out of spec: e.g. an hccl:all_to_all
+--   annotation that outlives its c10d call) counts only up to the op's end, so self time
+--   is never negative and a parent never loses more than its own duration. Direct children
+--   never overlap one another (a slice that starts inside another is nested in it), so
+--   self_ns >= 0 always. external_id, seq_nr: PyTorch ids.
 -- step: ProfilerStep whose CPU annotation contains ts_ns (same rank), NULL outside steps.
 CREATE OR REPLACE VIEW cpu_ops WITH (DEFER_BINDING) AS
-WITH child AS (
-    SELECT job, rank, parent_eid AS eid, sum(dur_ns)::BIGINT AS child_ns
+WITH child AS (  -- per parent: its children's time, the overlapping ones clipped to its end
+                 -- below (their count and summed starts: no join back to the parent here)
+    SELECT job, rank, parent_eid AS eid,
+           coalesce(sum(dur_ns) FILTER (WHERE NOT coalesce(overlaps_parent, FALSE)), 0)
+               AS inside_ns,
+           count(*) FILTER (WHERE overlaps_parent) AS n_over,
+           coalesce(sum(ts_ns::HUGEINT) FILTER (WHERE overlaps_parent), 0) AS over_ts
     FROM events WHERE parent_eid IS NOT NULL AND ph = 'X' GROUP BY ALL)
 SELECT e.job, e.rank, e.eid, e.name, e.tid, e.ts_ns, e.end_ns, e.dur_ns, e.depth,
-       e.parent_eid, e.dur_ns - coalesce(c.child_ns, 0) AS self_ns, e.external_id, e.seq_nr,
+       e.parent_eid,
+       (e.dur_ns - coalesce(c.inside_ns + (c.n_over * e.end_ns::HUGEINT - c.over_ts), 0))::BIGINT
+           AS self_ns,
+       e.external_id, e.seq_nr,
        CASE WHEN e.ts_ns < coalesce(s.cpu_end_ns, 9223372036854775807) THEN s.step END AS step
 FROM events e
 LEFT JOIN child c USING (job, rank, eid)

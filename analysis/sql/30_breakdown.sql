@@ -26,7 +26,7 @@ cpu AS (  -- top-level work on the step's thread (depth 0, or just under the ste
       AND e.kind IN ('cpu_op', 'user_annotation', 'cuda_runtime', 'cuda_driver',
                      'python_function')
       AND NOT starts_with(e.name, 'ProfilerStep#')
-      AND e.name NOT LIKE '%Synchronize%' AND e.name NOT IN ('cudaMemcpy', 'hipMemcpy')),
+      AND e.name NOT ILIKE '%synchronize%' AND e.name NOT IN ('cudaMemcpy', 'hipMemcpy')),
 cpu_only AS (  -- ranks without GPU ops: CPU compute vs gloo transfer
     SELECT e.job, e.rank, e.eid, e.ts_ns, e.end_ns,
            CASE WHEN starts_with(e.name, 'gloo:') THEN 'comm' ELSE 'compute' END AS what

@@ -30,6 +30,49 @@ CREATE OR REPLACE MACRO collective_kind(name) AS (
                 WHEN x LIKE '%recv%' THEN 'recv'
                 ELSE 'other' END FROM n);
 
+-- @view process_groups: the process groups each job's traces describe
+--   (distributedInfo.pg_config), one row per job and group.
+-- job, pg_name, pg_desc: the group (pg_config's pg_name, pg_desc). pg_size: its ranks
+--   (pg_size, else the number of ranks listed). ranks: the global ranks it lists (Kineto's
+--   on-demand fallback writes them as a string: parsed), NULL when none are listed.
+--   Ranks that disagree about a group (they should not) give the largest.
+CREATE OR REPLACE VIEW process_groups WITH (DEFER_BINDING) AS
+WITH g AS (
+    SELECT job, unnest(CAST(json_extract(distributed_info, '$.pg_config') AS JSON[])) AS g
+    FROM trace_files
+    WHERE json_type(json_extract(distributed_info, '$.pg_config')) = 'ARRAY'),
+p AS (
+    SELECT job, g->>'pg_name' AS pg_name, g->>'pg_desc' AS pg_desc,
+           TRY_CAST(g->>'pg_size' AS INTEGER) AS size,
+           list_transform(regexp_extract_all(coalesce(g->>'ranks', ''), '-?\d+'),
+                          lambda x: x::INTEGER) AS ranks
+    FROM g)
+SELECT job, pg_name, any_value(pg_desc) AS pg_desc,
+       max(coalesce(size, nullif(len(ranks), 0)))::INTEGER AS pg_size,
+       arg_max(nullif(ranks, []), len(ranks)) AS ranks
+FROM p WHERE pg_name IS NOT NULL GROUP BY job, pg_name;
+
+-- @view job_world: how many ranks each job has, as its traces say, against how many the
+--   store holds: a job traced on one rank of many (tracetool report, critical-path and
+--   replay say so).
+-- job. n_ranks: ranks the store holds. world_size: the job's size as its traces name it,
+--   the largest of the ranks' distributedInfo.world_size, their process groups' pg_size and
+--   the highest rank those groups list + 1; NULL when the traces name none.
+-- n_missing: world_size - n_ranks, the ranks not traced (0 when the store holds them all or
+--   world_size is NULL).
+CREATE OR REPLACE VIEW job_world WITH (DEFER_BINDING) AS
+WITH f AS (SELECT job, count(DISTINCT rank) AS n_ranks, max(world_size) AS ws
+           FROM trace_files GROUP BY job),
+g AS (SELECT job, max(pg_size) AS pg_size, max(list_max(ranks)) + 1 AS pg_ranks
+      FROM process_groups GROUP BY job)
+SELECT f.job, f.n_ranks,
+       nullif(greatest(coalesce(f.ws, 0), coalesce(g.pg_size, 0), coalesce(g.pg_ranks, 0)),
+              0)::INTEGER AS world_size,
+       greatest(0, coalesce(greatest(coalesce(f.ws, 0), coalesce(g.pg_size, 0),
+                                     coalesce(g.pg_ranks, 0)) - f.n_ranks, 0))::INTEGER
+           AS n_missing
+FROM f LEFT JOIN g USING (job);
+
 -- Two ranks' calls can be the same call: kind, dtype, bytes and stream (fields of a call's
 -- signature, see collective_ranks) equal wherever both are known.
 CREATE OR REPLACE MACRO _collective_same_call(a, b) AS
@@ -37,7 +80,14 @@ CREATE OR REPLACE MACRO _collective_same_call(a, b) AS
     AND coalesce(a.bytes = b.bytes, TRUE) AND coalesce(a.stream = b.stream, TRUE);
 
 -- @view collective_ranks: collectives with the key that matches one call across ranks.
--- All columns of collectives, plus:
+-- All columns of collectives (group_size completed: the call's Group size or listed ranks,
+--   else its process group's pg_size from pg_config, else, for a call that names no group,
+--   the job's world_size: PyTorch's default group spans the world), plus:
+-- group_size_from: where group_size came from: 'call' (the call's args or ranks),
+--   'pg_config', 'world_size' (job_world), NULL when unknown. A job that holds one rank of
+--   many (job_world.n_missing > 0) still has its collectives' true group sizes here, and the
+--   replay prices each over its group's size, the untraced ranks assumed to run as the
+--   traced ones do.
 -- kind: collective_kind(collective), the collective's normalised name.
 -- bytes: the message size nccl-tests calls S: allgather the gathered output (out_bytes, else
 --   in_bytes x group_size), the others the input (in_bytes, else out_bytes). The one
@@ -86,7 +136,16 @@ CREATE OR REPLACE MACRO _collective_same_call(a, b) AS
 CREATE OR REPLACE VIEW collective_ranks WITH (DEFER_BINDING) AS
 WITH src AS MATERIALIZED (  -- the table, read once (one Parquet file per rank: at 1,024
                             -- ranks each scan of it costs more than the matching)
-    SELECT * FROM collectives),
+    SELECT c.* REPLACE (coalesce(c.group_size, pg.pg_size, CASE WHEN c.pg_name IS NULL
+                                                              THEN w.world_size END)
+                            AS group_size),
+           CASE WHEN c.group_size IS NOT NULL THEN 'call'
+                WHEN pg.pg_size IS NOT NULL THEN 'pg_config'
+                WHEN c.pg_name IS NULL AND w.world_size IS NOT NULL THEN 'world_size'
+           END AS group_size_from
+    FROM collectives c
+    LEFT JOIN process_groups pg ON pg.job = c.job AND pg.pg_name = c.pg_name
+    LEFT JOIN job_world w ON w.job = c.job),
 c0 AS MATERIALIZED (  -- every call, narrowed to what matching needs
     SELECT job, rank, coalesce(pg_name, '?') AS pg_key, call_index, seq, end_ns,
            kernel_stream, lower(dtype) AS dtype, in_bytes,

@@ -9,7 +9,9 @@
 --   ("Memcpy HtoD (Pageable -> Device)", "Memset (Device)", ...).
 -- direction: the copy's kind from its name: HtoD, DtoH, DtoD, PtoP (peer to peer), HtoH or
 --   another CUPTI code as written after "Memcpy " (AtoD, ...); 'Memset' for memsets; else
---   args.kind (roctracer writes it), else 'unknown'. HTA's get_memory_kernel_type keeps the
+--   args.kind (roctracer writes it), else args.direction as MTIA's DMA transfers write it
+--   (HOST_TO_DEVICE -> HtoD, DEVICE_TO_HOST -> DtoH, DEVICE_TO_DEVICE -> DtoD), else
+--   'unknown'. HTA's get_memory_kernel_type keeps the
 --   same labels as the name prefix ("Memcpy DtoH", "Memset", "Memcpy Unknown").
 -- memory: the source -> destination memory kinds in the name's parentheses ("Pageable ->
 --   Device", "Device -> Pinned"; for a memset its destination), NULL when absent.
@@ -24,7 +26,11 @@ SELECT g.job, g.rank, g.eid, g.kind, g.name,
        CASE WHEN g.kind = 'memset' OR starts_with(g.name, 'Memset') THEN 'Memset'
             WHEN regexp_matches(g.name, '^Memcpy [A-Za-z]+to[A-Za-z]+')
                 THEN regexp_extract(g.name, '^Memcpy ([A-Za-z]+to[A-Za-z]+)', 1)
-            ELSE coalesce(json_extract_string(e.args, '$.kind'), 'unknown') END AS direction,
+            ELSE coalesce(json_extract_string(e.args, '$.kind'),
+                          CASE json_extract_string(e.args, '$.direction')
+                               WHEN 'HOST_TO_DEVICE' THEN 'HtoD' WHEN 'DEVICE_TO_HOST' THEN 'DtoH'
+                               WHEN 'DEVICE_TO_DEVICE' THEN 'DtoD' END,
+                          'unknown') END AS direction,
        nullif(regexp_extract(g.name, '\(([^()]*)\)\s*$', 1), '') AS memory,
        g.device, g.stream, g.ts_ns, g.end_ns, g.dur_ns, g.bytes,
        g.bytes / nullif(g.dur_ns, 0) AS gbps,

@@ -9,7 +9,7 @@ import click
 import duckdb
 
 from tracetool.analysis.chrome_trace import write_path_trace
-from tracetool.analysis.collectives import warn_collectives
+from tracetool.analysis.collectives import job_missing_ranks_note, warn_collectives
 from tracetool.analysis.connect import open_job
 from tracetool.analysis.critical_path import critical_path
 from tracetool.analysis.windows import use_windows
@@ -50,7 +50,10 @@ def critical_path_command(store: Path | str, job: str | None, step: int | None,
         windows = windows_of(annotation, instance, window)
         con, job = open_job(store, job)
         use_windows(con, job, windows)
-        warn_collectives(con, job)
+        missing = job_missing_ranks_note(con, job)  # one rank of many: said once
+        if missing:
+            click.echo(f"tracetool: warning: {missing}", err=True)
+        warnings = [w for w in [missing] if w] + warn_collectives(con, job)
         if step is not None and not con.execute(
                 "SELECT 1 FROM steps WHERE job = ? AND step = ?", [job, step]).fetchone():
             raise click.ClickException(f"{store}: job {job} has no ProfilerStep#{step}")
@@ -65,6 +68,7 @@ def critical_path_command(store: Path | str, job: str | None, step: int | None,
         con.close()
     except (click.ClickException, duckdb.Error, OSError, ValueError) as err:
         fail_for(store, err)
+    report["warnings"] = warnings
     if chrome:
         report["chrome_trace"] = {"path": str(chrome), "events": written}
     if as_json:
