@@ -247,7 +247,8 @@ def commit_job(store: Store, job: str, force: bool = False,
     for r in reported:
         if tell is not None:
             tell(r)
-    store.remove_retired()
+    with deferred():  # the replaced ranks' grace, then their deletion: none left in .tmp
+        store.remove_retired()
     refresh_pack(store, job)
     return results + reported
 

@@ -13,6 +13,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -275,3 +276,35 @@ def test_an_interrupted_shard_reports_staged_only_what_it_staged(
                          "--shard", "0/2", "--workers", "1")  # uninterrupted: both staged
     assert code == 0, err
     assert [line.split()[0] for line in out.splitlines()] == ["staged", "staged"]
+
+
+def test_an_interrupt_in_the_grace_of_a_forced_commit_leaves_no_work_file(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``commit --force`` replacing two ranks sleeps out their grace before deleting the old
+    partitions: SIGTERM then lets the deletion finish."""
+    files = _ranks_dir(tmp_path, 2)
+    store = tmp_path / "store"
+    for version in (1, 2):
+        for r, f in enumerate(files):
+            _single(f.parent, f.name, r, 100 * version + r)
+        assert run("ingest", *files, "--store", store, "--job", "j", "--shard", "0/1",
+                   "--workers", "1", "--force")[0] == 0
+        if version == 1:
+            assert run("commit", store, "--job", "j")[0] == 0
+    real_sleep, sent = time.sleep, []
+
+    def sleep(seconds: float) -> None:
+        if not sent:
+            sent.append(seconds)
+            os.kill(os.getpid(), signal.SIGTERM)
+        real_sleep(seconds)
+
+    monkeypatch.setattr("time.sleep", sleep)
+    code, out, err = run("commit", store, "--job", "j", "--force")
+    monkeypatch.undo()
+    assert sent and code == 143, (code, out, err)
+    assert out == "".join(f"ingested {files[r]} -> job j rank {r}\n" for r in (0, 1))
+    assert os.listdir(store / ".tmp") == [] and not (store / "staging").exists()
+    c = tracetool.connect(store)
+    assert c.execute("SELECT rank, sha256 FROM trace_files ORDER BY rank").fetchall() == [
+        (r, hashlib.sha256(f.read_bytes()).hexdigest()) for r, f in enumerate(files)]
