@@ -103,6 +103,7 @@ def test_a_signal_just_after_a_rank_is_replaced_is_reported_with_it(
     second of the fallback's two renames): rank 1 is reported, and rank 2 is not ingested."""
     base, v1, v2 = versions
     store = _fresh(base, tmp_path / "s")
+    monkeypatch.setattr(store_mod, "RETIRE_GRACE_S", 0.0)  # not the subject: no 2 s wait
     real_exchange, real_rename, sent = store_mod.exchange, os.rename, []
 
     def kill_after(done: None = None) -> None:
@@ -133,6 +134,7 @@ def test_a_signal_just_after_a_new_rank_is_renamed_in_is_reported_with_it(
     base, v1, v2 = versions
     store = _fresh(base, tmp_path / "s")
     shutil.rmtree(store / "data" / "job=j" / "rank=2")  # rank 2 is new to the store
+    monkeypatch.setattr(store_mod, "RETIRE_GRACE_S", 0.0)
     real_rename, sent = os.rename, []
 
     def rename(a: Path, b: Path, **kw: object) -> None:
