@@ -9,6 +9,7 @@ a real ``python -m tracetool ingest --force`` killed at seeded random points."""
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import random
 import re
@@ -80,6 +81,11 @@ def _check(store: Path, v1: list[Path], v2: list[Path], out: str) -> set[int]:
     hold version 1. Returns the reported ranks."""
     reported = {}
     for line in out.splitlines():
+        if line.startswith("{"):  # --json
+            doc = json.loads(line)
+            assert (doc["status"], doc["job"], doc["events_stored"]) == ("ingested", "j", 20)
+            reported[doc["rank"]] = doc["path"]
+            continue
         m = LINE.match(line)
         assert m, line
         reported[int(m.group(2))] = m.group(1)
@@ -129,8 +135,10 @@ def test_a_signal_just_after_a_rank_is_replaced_is_reported_with_it(
     assert _check(store, v1, v2, out) == {0, 1}
 
 
+@pytest.mark.parametrize("as_json", [False, True], ids=["lines", "json"])
 def test_a_signal_just_after_a_new_rank_is_renamed_in_is_reported_with_it(
-        tmp_path: Path, versions: tuple, monkeypatch: pytest.MonkeyPatch) -> None:
+        tmp_path: Path, versions: tuple, monkeypatch: pytest.MonkeyPatch, as_json: bool
+) -> None:
     base, v1, v2 = versions
     store = _fresh(base, tmp_path / "s")
     shutil.rmtree(store / "data" / "job=j" / "rank=2")  # rank 2 is new to the store
@@ -145,10 +153,11 @@ def test_a_signal_just_after_a_new_rank_is_renamed_in_is_reported_with_it(
 
     monkeypatch.setattr(os, "rename", rename)
     code, out, err = run("ingest", *v2, "--store", store, "--job", "j", "--force",
-                         "--workers", "1")
+                         "--workers", "1", *(["--json"] if as_json else []))
     monkeypatch.undo()
     assert sent == [1]
     assert (code, err) == (143, INTERRUPTED), (code, out, err)
+    assert out.startswith("{") == as_json
     assert _check(store, v1, v2, out) == {0, 1, 2}
 
 
