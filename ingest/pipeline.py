@@ -21,6 +21,7 @@ from pathlib import Path
 
 from tracetool.errors import StoreError
 from tracetool.objstore import CommitConflict
+from tracetool.signals import deferred
 
 from . import decode
 from .build import build_file, build_files
@@ -173,6 +174,7 @@ def ingest(
                            f"{MAX_JOB_NAME}")
     if opts.rank is not None and len(files) > 1:
         raise UsageProblem("--rank applies to a single trace file, but several were given")
+    given = files  # a shard's: every shard of a job must be given the same (shard.py)
     if opts.shard is not None:
         if opts.rank is not None:
             raise UsageProblem("--rank and --shard do not go together: a shard's ranks come "
@@ -192,14 +194,23 @@ def ingest(
     workers = Workers(1 if opts.executor == "ray" else opts.workers or os.cpu_count() or 1)
     committed: dict[int, str] = {}
     workdirs: list[Path] = []  # removed at the end whatever happens (an error, Ctrl-C)
-    stage = Stage(store, job, opts.shard) if opts.shard is not None else None
+    stage: Stage | None = None
 
     def new_workdir() -> Path:
-        workdirs.append(store.new_workdir())
+        with deferred():  # made and listed for removal as one step
+            workdirs.append(store.new_workdir())
         return workdirs[-1]
+
+    def tell(r: FileResult) -> None:
+        results.append(r)
+        if on_result:
+            on_result(r)
 
     builds: Iterator[tuple[Path, list[FileResult]]] | None = None
     try:
+        if opts.shard is not None:
+            with deferred():
+                stage = Stage(store, job, opts.shard, given)
         if opts.executor == "ray":
             from .ray_executor import ray_builds
 
@@ -213,15 +224,17 @@ def ingest(
                     if r.status == "built":
                         with store.lock():  # what other ingests committed meanwhile counts
                             r = commit_built(r, store, store.stored_files(), committed,
-                                             opts.force, stage)
-                    results.append(r)
-                    if on_result:
-                        on_result(r)
+                                             opts.force, stage, published=tell)
+                    if r.status == "staged":  # told when the shard is (Stage.publish)
+                        results.append(r)
+                    elif r.status != "ingested":  # told by the commit that published it
+                        tell(r)
             finally:
-                store.cleanup(wd)
-                workdirs.remove(wd)
+                with deferred():
+                    store.cleanup(wd)
+                    workdirs.remove(wd)
         if stage is not None:
-            stage.publish(results)
+            stage.publish(results, on_result)
         elif isinstance(store, Store):  # a job of many ranks: its tables compacted
             status, changed, n = refresh_pack(store, job, opts.memory_limit, workers.workers)
             if status == "deferred" and on_note:
@@ -233,14 +246,15 @@ def ingest(
         workers.close(kill=not isinstance(err, Exception))
         raise
     finally:
-        if builds is not None:
-            builds.close()  # the Ray executor cancels the tasks still running
-        workers.close()  # first: no worker may still write into a work dir
-        for wd in workdirs:
-            store.cleanup(wd)
-        if stage is not None:
-            stage.discard()  # gone already when it was published
-        store.remove_retired()
+        with deferred():  # done whole, an interrupt during it raised after: no work file left
+            if builds is not None:
+                builds.close()  # the Ray executor cancels the tasks still running
+            workers.close()  # first: no worker may still write into a work dir
+            for wd in workdirs:
+                store.cleanup(wd)
+            if stage is not None:
+                stage.discard()  # gone already when it was published
+            store.remove_retired()  # sleeps out the grace (2 s at most)
     return results
 
 
@@ -348,11 +362,13 @@ def batches(files: list[Path], small: set[Path], max_files: int, max_bytes: int,
 
 
 def commit_built(r: FileResult, store: Store | ObjectStoreWriter, stored: list[StoredFile],
-                 committed: dict[int, str], force: bool, stage: Stage | None = None
-                 ) -> FileResult:
+                 committed: dict[int, str], force: bool, stage: Stage | None = None,
+                 published: Callable[[FileResult], None] | None = None) -> FileResult:
     """Move a built partition into the store unless its (job, rank) is taken (the caller
     holds the lock); with ``stage``, check the same and stage it for ``tracetool commit``.
-    An object store has no lock: its commit checks again on the store as it is then."""
+    An object store has no lock: its commit checks again on the store as it is then.
+    ``published``: told of ``r``, ingested, by the commit itself the moment it is visible
+    (before an interrupt can stop it), so that what is reported is what the store holds."""
     if r.status != "built" or r.rank is None or r.job is None:
         return r
     if r.rank in committed:
@@ -371,15 +387,19 @@ def commit_built(r: FileResult, store: Store | ObjectStoreWriter, stored: list[S
         i, n = stage.shard
         r.message = f"shard {i} of {n}: publish with `tracetool commit STORE --job {r.job}`"
         return r
+
+    def visible() -> None:
+        r.status, r.built = "ingested", ""
+        if published is not None:
+            published(r)
+
     try:
         done = store.commit(r.job, r.rank, Path(r.built),
-                            recheck=lambda now: _may_commit(r, now, force))
+                            recheck=lambda now: _may_commit(r, now, force), published=visible)
     except CommitConflict as err:  # lost a race for this rank to another writer
         done, r.status, r.message = False, "error", str(err)
     if not done:
         del committed[rank]
-        return r
-    r.status, r.built = "ingested", ""
     return r
 
 

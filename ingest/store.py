@@ -33,6 +33,7 @@ import pyarrow.parquet as pq
 
 from tracetool import objstore
 from tracetool.errors import StoreError
+from tracetool.signals import deferred
 from tracetool.store_views import STORE_FORMAT, StoreFormatError, check_format
 
 from .lock import StoreLock, owner_elsewhere, owner_gone, owner_tag
@@ -165,34 +166,49 @@ class Store:
                 for r in t]
 
     def commit(self, job: str, rank: int, built: Path,
-               recheck: Callable[[list[StoredFile]], bool] | None = None) -> bool:
+               recheck: Callable[[list[StoredFile]], bool] | None = None,
+               published: Callable[[], None] | None = None) -> bool:
         """Move a fully written partition into place, replacing any old one atomically.
         The caller holds the lock (so what it checked is what the store holds: ``recheck``
-        is for stores without one). Returns True: committed."""
-        self._write_format()
-        target = self.partition(job, rank)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        if not target.exists():
-            built.rename(target)
-            return True
-        try:
-            exchange(built, target)  # built now holds the old partition
-            old = built.rename(self.tmp / f"{owner_tag()}-old-{uuid.uuid4().hex}")
-        except OSError as err:
-            if err.errno not in (errno.ENOSYS, errno.EINVAL, errno.ENOTSUP):
-                raise
-            old = self._replace(built, target)
-        self._retired.append((time.monotonic(), old))
+        is for stores without one). ``published`` is called once the partition is visible,
+        with SIGINT and SIGTERM held from before the rename until it returns: the commit's
+        report is never lost to an interrupt, nor its replaced partition left behind.
+        Returns True: committed."""
+        with deferred():
+            self._write_format()
+            target = self.partition(job, rank)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            if not target.exists():
+                built.rename(target)
+            else:
+                try:
+                    exchange(built, target)  # built now holds the old partition
+                    old = built.rename(self.tmp / f"{owner_tag()}-old-{uuid.uuid4().hex}")
+                except OSError as err:
+                    if err.errno not in (errno.ENOSYS, errno.EINVAL, errno.ENOTSUP):
+                        raise
+                    old = self._replace(built, target)
+                self.retire(old)
+            if published is not None:
+                published()
         self.remove_retired(wait=False)
         return True
+
+    def retire(self, old: Path, grace: bool = True) -> None:
+        """Have a replaced directory (moved into .tmp) deleted by ``remove_retired``, after
+        the grace unless ``grace`` is False (nothing reads it: a staged shard's)."""
+        self._retired.append((time.monotonic() if grace else float("-inf"), old))
 
     def remove_retired(self, wait: bool = True) -> None:
         """Delete replaced partitions once RETIRE_GRACE_S old (a query that listed their
         files just before the replace can still read them); ``wait``: all of them, sleeping
-        out the grace (the end of an ingest)."""
-        due, self._retired = past_grace(self._retired, wait)
-        for old in due:
-            shutil.rmtree(old, ignore_errors=True)
+        out the grace (the end of an ingest). An interrupt waits for the deletions (a
+        partition half deleted, or one forgotten, would be left in .tmp)."""
+        due, keep = past_grace(self._retired, wait)
+        with deferred():
+            for old in due:
+                shutil.rmtree(old, ignore_errors=True)
+            self._retired = keep
 
     def _replace(self, built: Path, target: Path) -> Path:
         """Replace without an exchange (a file system or OS without RENAME_EXCHANGE): two
@@ -282,14 +298,16 @@ class ObjectStoreWriter:
         return _stored_of(self._seen)
 
     def commit(self, job: str, rank: int, built: Path,
-               recheck: Callable[[list[StoredFile]], bool] | None = None) -> bool:
+               recheck: Callable[[list[StoredFile]], bool] | None = None,
+               published: Callable[[], None] | None = None) -> bool:
         """Upload a built partition and publish it in a new manifest of ``job``.
         ``recheck`` (the caller's rules, on the store as it is at each attempt) decides
         first: False abandons the commit (returned; an identical ingest that committed
         meanwhile makes this one a skip, as in a local store). Then the rank must still be
         as the last ``stored_files()`` saw it (else CommitConflict: another writer committed
         it meanwhile and ``recheck`` let this one replace it: --force). The uploaded files
-        are deleted when nothing is published."""
+        are deleted when nothing is published. ``published``: as ``Store.commit``'s, signals
+        held from the pointer swap on."""
         base = self._seen.rank(job, rank) if self._seen else None
         one_part_per_table(built)
         commit = f"{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:16]}"
@@ -325,30 +343,35 @@ class ObjectStoreWriter:
             ranks[str(rank)] = entry
             return ranks
 
-        try:
-            for p, f in zip(paths, entry["files"], strict=True):
-                self.remote.upload(p, f["key"])
-                uploaded.append(f["key"])
-            empty = objstore.Snapshot(None, {"format": STORE_FORMAT, "jobs": {}})
-            before, _ = self.remote.commit_job(  # first against what stored_files() read
-                job, STORE_FORMAT, change, start=(self._seen or empty) if self._read else None,
-                name=commit)
-        except BaseException as err:
-            if isinstance(err, Exception):  # (an interrupt leaves them to the next writer)
-                self.remote.delete(uploaded + [record])
-            if abandoned:
-                return False
-            raise
-        superseded = [before.pointer["jobs"][job]] if job in before.pointer.get("jobs", {}) \
-            else []  # deleted now: a reader that misses it reads again
-        old = before.rank(job, rank)
-        if old:  # replaced (--force): readers fetching it get a grace; the record goes last
-            self.remote.delete(superseded)
-            self._retired.append((time.monotonic(), [f["key"] for f in old["files"]]
-                                  + [record]))
-            self.remove_retired(wait=False)
-        else:
-            self.remote.delete(superseded + [record])
+        hold = contextlib.ExitStack()  # signals held from the pointer swap to ``published``
+        with hold:
+            try:
+                for p, f in zip(paths, entry["files"], strict=True):
+                    self.remote.upload(p, f["key"])
+                    uploaded.append(f["key"])
+                empty = objstore.Snapshot(None, {"format": STORE_FORMAT, "jobs": {}})
+                hold.enter_context(deferred())
+                before, _ = self.remote.commit_job(  # first against what stored_files() read
+                    job, STORE_FORMAT, change,
+                    start=(self._seen or empty) if self._read else None, name=commit)
+            except BaseException as err:
+                if isinstance(err, Exception):  # (an interrupt leaves them to the next writer)
+                    self.remote.delete(uploaded + [record])
+                if abandoned:
+                    return False
+                raise
+            superseded = [before.pointer["jobs"][job]] if job in before.pointer.get(
+                "jobs", {}) else []  # deleted now: a reader that misses it reads again
+            old = before.rank(job, rank)
+            if old:  # replaced (--force): readers fetching it get a grace; the record last
+                self.remote.delete(superseded)
+                self._retired.append((time.monotonic(), [f["key"] for f in old["files"]]
+                                      + [record]))
+            else:
+                self.remote.delete(superseded + [record])
+            if published is not None:
+                published()
+        self.remove_retired(wait=False)
         return True
 
     def remove_retired(self, wait: bool = True) -> None:

@@ -6,9 +6,15 @@ commit with a shard missing, or a rank staged twice, publishes nothing and says 
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -131,3 +137,174 @@ def test_commit_of_a_store_with_nothing_staged(tmp_path: Path) -> None:
     code, out, err = run("commit", tmp_path / "s", "--job", "j")
     assert code == 1 and "nothing staged (no staging/ directory)" in err
     shutil.rmtree(tmp_path / "s")
+
+
+# ------------------------------------------ shards agree (issue 32, items 3, 4 and 8)
+
+def _list_id(files: list[Path]) -> str:
+    """The first 12 hex digits of the sha256 of a shard's list: its files' resolved
+    absolute paths, sorted, NUL-separated (written out here, not taken from shard.py)."""
+    keys = sorted(str(f.resolve()).encode() for f in files)
+    return hashlib.sha256(b"\0".join(keys)).hexdigest()[:12]
+
+
+def _ranks_dir(tmp_path: Path, n: int = 4) -> list[Path]:
+    d = tmp_path / "tr"
+    d.mkdir()
+    return [_single(d, f"rank{r}.json", r, 10 + r) for r in range(n)]
+
+
+def test_shards_given_different_file_lists_publish_nothing(tmp_path: Path) -> None:
+    """Shard 0 of 2 given the directory (4 files), shard 1 given two of its files: each
+    slice is right for its own list, so together they stage ranks 0, 1 and 2, and rank 3
+    would be silently missing; the commit refuses, naming both, and publishes nothing."""
+    files = _ranks_dir(tmp_path)
+    store = tmp_path / "store"
+    assert run("ingest", tmp_path / "tr", "--store", store, "--job", "j", "--shard", "0/2",
+               "--workers", "1")[0] == 0
+    assert run("ingest", *files[:2], "--store", store, "--job", "j", "--shard", "1/2",
+               "--workers", "1")[0] == 0
+    code, out, err = run("commit", store, "--job", "j")
+    assert (code, out) == (1, "")
+    assert err == (f"tracetool: error: {store}: job j: the shards were given different file "
+                   "lists, so their slices need not cover the job: shard 0 of 2 got 4 files "
+                   f"(list {_list_id(files)}); shard 1 of 2 got 2 files (list "
+                   f"{_list_id(files[:2])}); run every shard with the same paths, then "
+                   "commit\n")
+    assert not (store / "data").exists()
+    assert len(list((store / "staging" / "job=j").iterdir())) == 2  # kept for a fix
+    # shard 1 again, given the same files by another route (a symlinked directory, named
+    # file by file): the lists agree, and the commit publishes all four ranks
+    (tmp_path / "link").symlink_to(tmp_path / "tr")
+    assert run("ingest", *[tmp_path / "link" / f.name for f in files], "--store", store,
+               "--job", "j", "--shard", "1/2", "--workers", "1")[0] == 0
+    code, out, err = run("commit", store, "--job", "j")
+    assert code == 0, err
+    assert sorted(p.name for p in (store / "data" / "job=j").iterdir()) == \
+        [f"rank={r}" for r in range(4)]
+
+
+def test_a_shard_staged_without_its_file_list_is_refused(tmp_path: Path) -> None:
+    files = _ranks_dir(tmp_path, 2)
+    store = tmp_path / "store"
+    for i in range(2):
+        assert run("ingest", *files, "--store", store, "--job", "j", "--shard", f"{i}/2",
+                   "--workers", "1")[0] == 0
+    manifest = store / "staging" / "job=j" / "shard-1-of-2" / "shard.json"
+    doc = json.loads(manifest.read_text())
+    del doc["given"]  # as a tracetool before the lists were recorded wrote it
+    manifest.write_text(json.dumps(doc))
+    code, _, err = run("commit", store, "--job", "j")
+    assert code == 1 and not (store / "data").exists()
+    assert err == (f"tracetool: error: {store}: job j: shard 1 of 2 was staged by an older "
+                   "tracetool, which did not record its file list: run it again, then "
+                   "commit\n")
+
+
+def test_commit_removes_staging_once_empty(tmp_path: Path) -> None:
+    files = _ranks_dir(tmp_path, 2)
+    store = tmp_path / "store"
+    for job in ("a", "b"):
+        assert run("ingest", *files, "--store", store, "--job", job, "--shard", "0/1",
+                   "--workers", "1")[0] == 0
+    assert run("commit", store, "--job", "a")[0] == 0
+    assert [p.name for p in (store / "staging").iterdir()] == ["job=b"]  # b's still staged
+    assert run("commit", store, "--job", "b")[0] == 0
+    assert sorted(os.listdir(store)) == [".lock", ".tmp", "data", "format.json"]
+    assert os.listdir(store / ".tmp") == []
+
+
+def _signal_after(monkeypatch: pytest.MonkeyPatch, moved_to: Callable[[Path], bool]) -> list:
+    """SIGTERM to this process right after the first os.rename onto a path ``moved_to``
+    accepts (the CLI's handler turns it into the interrupt)."""
+    real, sent = os.rename, []
+
+    def rename(a: object, b: object, **kw: object) -> None:
+        real(a, b, **kw)
+        if not sent and moved_to(Path(b)):
+            sent.append(Path(b))
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    monkeypatch.setattr(os, "rename", rename)
+    return sent
+
+
+def test_an_interrupted_commit_reports_the_ranks_it_published(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """SIGTERM the instant the commit put its second rank in place (rank 2: shard 0's files
+    come first): ranks 0 and 2 are reported and in the store, 1 and 3 still staged; a second
+    commit publishes those."""
+    files = _ranks_dir(tmp_path)
+    store = tmp_path / "store"
+    for i in range(2):
+        assert run("ingest", tmp_path / "tr", "--store", store, "--job", "j", "--shard",
+                   f"{i}/2", "--workers", "1")[0] == 0
+    sent = _signal_after(monkeypatch, lambda b: b == store / "data" / "job=j" / "rank=2")
+    code, out, err = run("commit", store, "--job", "j")
+    monkeypatch.undo()
+    assert sent and code == 143, (code, out, err)
+    assert out == "".join(f"ingested {files[r]} -> job j rank {r}\n" for r in (0, 2))
+    assert err == ("tracetool: error: interrupted by SIGTERM; the ranks reported above are in "
+                   "the store, the others are still staged: commit again\n")
+    assert sorted(p.name for p in (store / "data" / "job=j").iterdir()) == ["rank=0", "rank=2"]
+    code, out, err = run("commit", store, "--job", "j")
+    assert code == 0, err
+    assert out == "".join(
+        f"skipped {files[r]} -> job j rank {r}: published by an earlier commit (interrupted "
+        f"before it ended)\n" if r in (0, 2) else f"ingested {files[r]} -> job j rank {r}\n"
+        for r in (0, 2, 1, 3))
+    assert sorted(p.name for p in (store / "data" / "job=j").iterdir()) == \
+        [f"rank={r}" for r in range(4)]
+    assert not (store / "staging").exists() and os.listdir(store / ".tmp") == []
+
+
+def test_an_interrupted_shard_reports_staged_only_what_it_staged(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A shard's files are staged together when the shard is: SIGTERM after its first file
+    was built reports none of them staged, and leaves no work file."""
+    _ranks_dir(tmp_path)
+    store = tmp_path / "store"
+    sent = _signal_after(monkeypatch, lambda b: b.name == "rank=0" and "-shard-" in str(b))
+    code, out, err = run("ingest", tmp_path / "tr", "--store", store, "--job", "j",
+                         "--shard", "0/2", "--workers", "1")
+    monkeypatch.undo()
+    assert sent and (code, out) == (143, ""), (code, out, err)
+    assert err == ("tracetool: error: interrupted by SIGTERM; the files reported staged above "
+                   "are staged, the others are not\n")
+    assert not (store / "staging").exists() and os.listdir(store / ".tmp") == []
+    code, out, err = run("ingest", tmp_path / "tr", "--store", store, "--job", "j",
+                         "--shard", "0/2", "--workers", "1")  # uninterrupted: both staged
+    assert code == 0, err
+    assert [line.split()[0] for line in out.splitlines()] == ["staged", "staged"]
+
+
+def test_an_interrupt_in_the_grace_of_a_forced_commit_leaves_no_work_file(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``commit --force`` replacing two ranks sleeps out their grace before deleting the old
+    partitions: SIGTERM then lets the deletion finish."""
+    files = _ranks_dir(tmp_path, 2)
+    store = tmp_path / "store"
+    for version in (1, 2):
+        for r, f in enumerate(files):
+            _single(f.parent, f.name, r, 100 * version + r)
+        assert run("ingest", *files, "--store", store, "--job", "j", "--shard", "0/1",
+                   "--workers", "1", "--force")[0] == 0
+        if version == 1:
+            assert run("commit", store, "--job", "j")[0] == 0
+    real_sleep, sent = time.sleep, []
+
+    def sleep(seconds: float) -> None:
+        if not sent:
+            sent.append(seconds)
+            os.kill(os.getpid(), signal.SIGTERM)
+        real_sleep(seconds)
+
+    monkeypatch.setattr("time.sleep", sleep)
+    code, out, err = run("commit", store, "--job", "j", "--force")
+    monkeypatch.undo()
+    assert sent and code == 143, (code, out, err)
+    assert out == "".join(f"ingested {files[r]} -> job j rank {r}\n" for r in (0, 1))
+    assert os.listdir(store / ".tmp") == [] and not (store / "staging").exists()
+    c = tracetool.connect(store)
+    assert c.execute("SELECT rank, sha256 FROM trace_files ORDER BY rank").fetchall() == [
+        (r, hashlib.sha256(f.read_bytes()).hexdigest()) for r, f in enumerate(files)]

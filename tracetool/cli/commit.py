@@ -11,6 +11,7 @@ import click
 from tracetool.cli._errors import fail_line
 from tracetool.cli._store import store_arg
 from tracetool.errors import StoreError
+from tracetool.ingest.options import FileResult
 from tracetool.ingest.shard import CommitProblem, commit_job
 from tracetool.ingest.store import Store
 from tracetool.objstore import is_object_store
@@ -37,17 +38,10 @@ def commit_command(store: Path | str, job: str, force: bool, as_json: bool) -> N
     if not (s.root / "staging").is_dir():
         fail_line(f"{store}: nothing staged (no staging/ directory): run `tracetool ingest ... "
               f"--store {store} --job {job} --shard I/N` first")
-    try:
-        with interruptible():
-            s.check_format()
-            results = commit_job(s, job, force)
-    except (CommitProblem, StoreError) as err:
-        fail_line(f"{store}: {err}")
-    except Interrupted as err:
-        fail_line(f"interrupted by {err}; the ranks published so far are in the store, the "
-              "others are still staged", err.exit_code)
     failed = False
-    for r in results:
+
+    def report(r: FileResult) -> None:  # as each rank is published (commit_job's tell)
+        nonlocal failed
         failed |= r.status == "error"
         if as_json:
             click.echo(json.dumps(r.as_json()))
@@ -56,5 +50,15 @@ def commit_command(store: Path | str, job: str, force: bool, as_json: bool) -> N
         else:
             click.echo(f"{r.status} {r.path} -> job {r.job} rank {r.rank}"
                        + (f": {r.message}" if r.message else ""))
+
+    try:
+        with interruptible():
+            s.check_format()
+            commit_job(s, job, force, tell=report)
+    except (CommitProblem, StoreError) as err:
+        fail_line(f"{store}: {err}")
+    except Interrupted as err:
+        fail_line(f"interrupted by {err}; the ranks reported above are in the store, the "
+                  "others are still staged: commit again", err.exit_code)
     sys.exit(1 if failed else 0)
 

@@ -117,8 +117,10 @@ def ingest_command(paths: tuple[Path, ...], store: Path | str, job: str | None, 
     except Interrupted as err:
         if bars is not None:
             bars.stop()
-        click.echo(f"tracetool: error: interrupted by {err}; the files reported above are "
-                   "in the store, the others are not", err=True)
+        held = ("reported staged above are staged" if shard is not None
+                else "reported above are in the store")  # each told by the step that did it
+        click.echo(f"tracetool: error: interrupted by {err}; the files {held}, the others "
+                   "are not", err=True)
         sys.exit(err.exit_code)
     sys.exit(1 if failed else 0)
 
