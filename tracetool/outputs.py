@@ -62,7 +62,8 @@ def check_output(path: Path, option: str, stores: Iterable[Path | str] = (),
     path = _shown(path)
     for store in stores:
         root = local_root(store)
-        if root in chain:
+        # a directory that is no store (yet) is the command's own one-line error, not this
+        if root in chain and (objstore.is_object_store(store) or is_store_dir(root)):
             where = "is the store" if root == real else "is inside the store"
             raise InsideStore(f"{option}: {path} {where} {_shown(store)}: write it outside "
                               "the store")
