@@ -30,6 +30,8 @@ from ._util import SHARED_TRACES, kineto_text, run, write, x
 HTA_CP = SHARED_TRACES / "facebookresearch__HolisticTraceAnalysis/tests/data/critical_path"
 VLLM = SHARED_TRACES / ("AMD-AGI__TraceLens/tests/traces/inference/vllm_decode_full/"
                         "graph_execution.json.gz")
+SGLANG = SHARED_TRACES / ("AMD-AGI__TraceLens/tests/traces/inference/sglang_decode/"
+                          "sglang_Qwen3-8B_decode.json.gz")
 corpus = pytest.mark.skipif(not SHARED_TRACES.is_dir(), reason="no trace corpus")
 
 
@@ -214,6 +216,12 @@ def test_a_queued_gpu_gap_is_an_unexplained_gap_with_one_warning(tmp_path: Path)
         f"122.000 ms of the critical path ({100 * 122e6 / total:.1f}%) is unexplained_gap: "
         "2 GPU idle gap(s) with work already launched")
     assert "the longest, 120.000 ms on rank 0" in lines[0] and "clock jump" in lines[0]
+    # the report warns once too (in its summary and on stderr)
+    code, out, err = run("report", store, "--out", tmp_path / "report", "--json")
+    assert code == 0
+    assert [w for w in json.loads(out)["warnings"] if "unexplained_gap" in w] == \
+        report["warnings"]
+    assert [ln for ln in err.splitlines() if "unexplained_gap" in ln] == lines
     # the breakdown splits the same time out of idle_ns
     con = tracetool.connect(store)
     got = con.execute("""SELECT step, unexplained_gap_ns, idle_ns >= unexplained_gap_ns
@@ -277,3 +285,57 @@ def test_vllm_decode_gap_before_its_first_gpu_op(tmp_path: Path) -> None:
     assert "launch_overhead" not in kinds
     span, = con.execute("SELECT max(end_ns) - min(ts_ns) FROM cp_nodes").fetchone()
     assert sum(kinds.values()) == span == 19_114_059
+
+
+@corpus
+def test_sglang_decode_gap_is_its_longest_gpu_idle_time(tmp_path: Path) -> None:
+    """SGLang's Qwen3-8B decode trace (MI300X): the GPU goes idle for 463 ms with nothing
+    recorded, and the op after that idle time was launched 38 us into it: the path's hop
+    from that launch to the op's start is an unexplained gap, nearly all of the path."""
+    con = _ingest(tmp_path, "sglang", path=SGLANG)
+    ops = con.execute("SELECT eid, ts_ns, end_ns, launch_ts_ns FROM gpu_ops "
+                      "ORDER BY ts_ns, eid").fetchall()
+    idle, after, busy_until = 0, None, None  # the longest time with no GPU op running
+    for eid, ts, end, launch in ops:
+        if busy_until is not None and ts - busy_until > idle:
+            idle, after = ts - busy_until, (eid, ts, launch, busy_until)
+        busy_until = end if busy_until is None else max(busy_until, end)
+    eid, ts, launch, idle_from = after
+    assert idle == 463_295_405 and idle_from < launch < ts
+    kinds = dict(critical_path(con, "j").query(
+        "p", "SELECT kind, sum(dur_ns) FROM p GROUP BY 1").fetchall())
+    assert kinds["unexplained_gap"] == ts - launch == 463_257_096
+    assert kinds.get("launch_overhead", 0) < 100_000
+    assert con.execute("SELECT eid FROM gpu_wait_gaps").fetchall() == [(eid,)]
+
+
+@corpus
+def test_a_launch_blocked_on_a_full_queue_waits_for_the_op_that_frees_a_slot(
+        tmp_path: Path) -> None:
+    """HTA's negative_queue_length_values_check rank (A100, 1 of 16), cropped at test time to
+    1 ms around its first 6.4 ms cudaLaunchKernel: the launch queue is full, and the call
+    returns 7 us after a GPU op ends (the op that freed a slot): a host wait, so a faster
+    GPU would return it earlier."""
+    src = SHARED_TRACES / ("facebookresearch__HolisticTraceAnalysis/tests/data/"
+                           "negative_queue_length_values_check/rank0.json.gz")
+    trace = json.loads(gzip.decompress(src.read_bytes()))
+    ev = trace["traceEvents"]
+    call = min((e for e in ev if e.get("name") == "cudaLaunchKernel" and e["dur"] > 6_000),
+               key=lambda e: e["ts"])
+    lo, hi = call["ts"] - 1_000, call["ts"] + call["dur"] + 1_000
+    trace["traceEvents"] = [e for e in ev if e.get("ph") == "M" or (
+        e.get("ph") == "X" and e["ts"] <= hi and e["ts"] + e.get("dur", 0) >= lo)]
+    # independently: the GPU op that ended last before the call returned
+    gpu = [e for e in trace["traceEvents"]
+           if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")
+           and call["ts"] < e["ts"] + e["dur"] <= call["ts"] + call["dur"]]
+    last = max(gpu, key=lambda e: e["ts"] + e["dur"])
+    lag_us = call["ts"] + call["dur"] - (last["ts"] + last["dur"])
+    assert (call["dur"], lag_us) == (6_367, 7)
+    con = _ingest(tmp_path, "queue", path=write(tmp_path / "crop.json", json.dumps(trace)))
+    got = con.execute("""
+        SELECT s.name, d.ts_ns, e.lag_ns FROM rank_edges e
+        JOIN events d ON d.eid = e.dst_eid AND e.dst_point = 'end'
+        JOIN events s ON s.eid = e.src_eid WHERE e.kind = 'host_wait'
+        ORDER BY d.ts_ns LIMIT 1""").fetchall()
+    assert got == [(last["name"], call["ts"] * 1000, lag_us * 1000)]
