@@ -32,10 +32,18 @@ import pyarrow as pa
 
 from tracetool.graph import CLASSES, EDGE_KINDS, KIND_NAMES, REPLAY_ONLY_KINDS
 
-__all__ = ["CLASSES", "EDGE_KINDS", "SEGMENT_KINDS", "critical_path", "critical_path_summary"]
+__all__ = ["CLASSES", "EDGE_KINDS", "SEGMENT_KINDS", "critical_path", "critical_path_summary",
+           "unexplained_gap_warning"]
 
 # Segment kinds of the path.
-SEGMENT_KINDS = ("compute", "comm", "memcpy", "launch_overhead", "cpu", "idle_wait")
+SEGMENT_KINDS = ("compute", "comm", "memcpy", "launch_overhead", "cpu", "idle_wait",
+                 "unexplained_gap")
+
+# Unexplained gaps are the waits of view gpu_wait_gaps (analysis/sql/62_unexplained_gaps.sql:
+# the GPU idle while an op was launched and free to run, longer than max(1 ms, 20 x the
+# rank's median start delay)); a path with no hop into a GPU op longer than that floor needs
+# no look at the view.
+GAP_FLOOR_NS = 1_000_000
 
 CRITICAL_PATH_DDL = """
 -- @view critical_path: the critical path of each computed (job, step), one row per segment.
@@ -45,8 +53,11 @@ CRITICAL_PATH_DDL = """
 -- eid, name: the event the time is attributed to (NULL for idle time on the track).
 -- kind: compute (GPU kernel), comm (NCCL kernel, gloo span, or a collective's transfer
 --   after the last rank arrived), memcpy (copy/memset), launch_overhead (from a launch
---   call to its GPU op's start, or from a gloo call to its span), cpu (CPU event self time),
---   idle_wait (waiting on a dependency: sync return, stream waits, thread hand-offs, gaps).
+--   call to its GPU op's start), cpu (CPU event self time), idle_wait (waiting on a
+--   dependency: sync return, stream and host waits, thread hand-offs, a gloo call's hand-off
+--   to its worker thread, gaps), unexplained_gap (the GPU idle while the op that ends the
+--   segment was launched and its stream free, longer than max(1 ms, 20 x the rank's median
+--   such delay): a clock jump, GPU work outside the trace, a GPU op the profiler missed).
 -- edge_kind: the edges.kind that ends the segment ('none' for filler at the window's ends).
 -- start_ns, end_ns, dur_ns: the segment; consecutive segments touch, and they cover the
 --   job step [job_steps.start_ns, job_steps.end_ns] (or the window), so a step's segments
@@ -100,6 +111,9 @@ class PathGraph:
     track: np.ndarray  # per slot
     cls: np.ndarray  # per slot: index into CLASSES
     parent: np.ndarray  # per slot: slot of the enclosing node event, -1 when none
+    # per slot: True for a GPU op whose wait before its start is an unexplained gap (view
+    # gpu_wait_gaps); None: none is
+    waited: np.ndarray | None = None
 
 
 @dataclass
@@ -192,20 +206,45 @@ def _load_graph(con: duckdb.DuckDBPyConnection, job: str) -> PathGraph:
     tie = key == best[dst]
     np.minimum.at(pred, dst[tie], src[tie])
     has = best != never
-    return PathGraph(t=t, pred=np.where(has, pred, -1),
-                     pred_kind=np.where(has, best & 15, -1).astype(np.int8),
+    pred = np.where(has, pred, -1)
+    return PathGraph(t=t, pred=pred, pred_kind=np.where(has, best & 15, -1).astype(np.int8),
                      ends=(2 * slot + 1)[order], rank=per_slot(ev["rank"], -1, np.int32),
                      eid=per_slot(ev["eid"], -1),
                      track=per_slot(ev["track_id"], -1, np.int32),
                      cls=per_slot(ev["cls"], CLASSES.index("cpu"), np.int8),
-                     parent=per_slot(parent, -1))
+                     parent=per_slot(parent, -1),
+                     waited=_waited(con, job, t, pred, slot[ev["is_gpu"].astype(bool)],
+                                    slot_of))
+
+
+def _waited(con: duckdb.DuckDBPyConnection, job: str, t: np.ndarray, pred: np.ndarray,
+            gpu_slot: np.ndarray, slot_of: Slots) -> np.ndarray | None:
+    """Per slot: is it a GPU op of view gpu_wait_gaps (None when none is). The view is read
+    only when some GPU op's start waited on its binding dependency longer than its floor,
+    GAP_FLOOR_NS (rarely, on most traces)."""
+    start = 2 * gpu_slot
+    src = pred[start]
+    long = src >= 0
+    long[long] = t[start[long]] - t[src[long]] > GAP_FLOOR_NS
+    if not long.any():
+        return None
+    w = con.execute("SELECT rank, eid FROM gpu_wait_gaps WHERE job = ?", [job]).fetchnumpy()
+    if not len(w["eid"]):
+        return None
+    out = np.zeros(slot_of.n, dtype=bool)
+    out[slot_of(w["rank"], w["eid"])] = True
+    return out
 
 
 _ORDER_KINDS = np.array([k in ("cpu_order", "gpu_order") for k in KIND_NAMES])
-# segment kind of a non-order edge; order edges take the class of the attributed event
+_LAUNCH, _GPU_ORDER = KIND_NAMES.index("launch"), KIND_NAMES.index("gpu_order")
+# segment kind of a non-order edge; order edges take the class of the attributed event. A
+# gloo call's hand-off to its worker thread (comm_enqueue) is a wait, not a launch: a
+# CPU-only job has no launch overhead
 _EDGE_SEGMENT = np.array([
-    SEGMENT_KINDS.index({"launch": "launch_overhead", "comm_enqueue": "launch_overhead",
-                         "collective": "comm"}.get(k, "idle_wait")) for k in KIND_NAMES])
+    SEGMENT_KINDS.index({"launch": "launch_overhead", "collective": "comm"}.get(k, "idle_wait"))
+    for k in KIND_NAMES])
+_UNEXPLAINED = SEGMENT_KINDS.index("unexplained_gap")
 _CLASS_SEGMENT = np.array([SEGMENT_KINDS.index(c) for c in CLASSES])
 _IDLE = SEGMENT_KINDS.index("idle_wait")
 _NONE_EDGE = len(KIND_NAMES)  # edge_kind 'none': idle filler at a window's ends
@@ -257,6 +296,8 @@ def _segments(g: PathGraph, path: np.ndarray, start: int, end: int) -> dict[str,
                     dst >> 1)
     kind = np.where(order, np.where(attr >= 0, _CLASS_SEGMENT[g.cls[np.maximum(attr, 0)]],
                                     _IDLE), _EDGE_SEGMENT[k])
+    if g.waited is not None and len(dst):
+        kind = _mark_unexplained(g, src, dst, k, kind)
     seg = {"loc": dst >> 1, "attr": attr, "kind": kind, "edge": k,
            "start": np.maximum(g.t[src], start), "end": g.t[dst]}
     first = last = None  # (track slot, start, end) of idle filler
@@ -273,6 +314,18 @@ def _segments(g: PathGraph, path: np.ndarray, start: int, end: int) -> dict[str,
     out = {c: np.concatenate([np.asarray(p[c], dtype=np.int64) for p in pieces]) for c in seg}
     keep = out["end"] > out["start"]
     return {c: v[keep] for c, v in out.items()}
+
+
+def _mark_unexplained(g: PathGraph, src: np.ndarray, dst: np.ndarray, k: np.ndarray,
+                      kind: np.ndarray) -> np.ndarray:
+    """``kind`` with the unexplained gaps marked: the hop into the start of a GPU op of
+    gpu_wait_gaps (``waited``), from its binding dependency (its launch call's start, the
+    previous op's end on its stream, or an op it waited for on another stream): the op's
+    wait of the view (from its launch call's start rather than its end when the launch
+    binds)."""
+    hit = ((dst & 1) == 0) & g.waited[dst >> 1]
+    hit &= ~((k == _GPU_ORDER) & ((src & 1) == 0))  # not from inside an overlapping op
+    return np.where(hit, _UNEXPLAINED, kind)
 
 
 def _windows(con: duckdb.DuckDBPyConnection, job: str, step: int | None,
@@ -397,3 +450,27 @@ def critical_path_all_jobs(con: duckdb.DuckDBPyConnection) -> list[str]:
         except ValueError as err:
             missing.append(f"job {job!r} has no critical path: {err}")
     return missing
+
+
+def unexplained_gap_warning(path: duckdb.DuckDBPyRelation) -> str | None:
+    """One line naming the unexplained gaps of a path (``critical_path()``'s relation, with
+    or without names): their time, share and the longest, and what usually causes them;
+    None when it has none. A gap this long with work queued is no launch latency: the
+    command that shows the path says so once, whatever the number of gaps."""
+    (n, gap, total, longest, rank, at), = path.query("_cp_gap", """
+        SELECT count(*) FILTER (WHERE kind = 'unexplained_gap'),
+               coalesce(sum(dur_ns) FILTER (WHERE kind = 'unexplained_gap'), 0),
+               sum(dur_ns), max(dur_ns) FILTER (WHERE kind = 'unexplained_gap'),
+               arg_max(rank, dur_ns) FILTER (WHERE kind = 'unexplained_gap'),
+               arg_max(start_ns, dur_ns) FILTER (WHERE kind = 'unexplained_gap')
+                   - min(start_ns)
+        FROM _cp_gap""").fetchall()
+    if not n:
+        return None
+    return (f"{gap / 1e6:.3f} ms of the critical path ({100 * gap / total:.1f}%) is "
+            f"unexplained_gap: {n} GPU idle gap(s) with work already launched, longer than "
+            "max(1 ms, 20 x the rank's median launch delay) (view gpu_wait_gaps); "
+            f"the longest, {longest / 1e6:.3f} ms on rank {rank}, starts {at / 1e6:.3f} ms "
+            "into the path. Likely causes: a clock jump, GPU work outside the trace (queued "
+            "before the profiler started, or another process), or a GPU op the profiler "
+            "missed")

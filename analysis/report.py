@@ -413,6 +413,10 @@ def make_report(con: duckdb.DuckDBPyConnection, job: str, out_dir: Path | str,
             {"available": True, "reason": None, **summarize_path(cp_path)}
             if cp_path is not None else {"available": False, "reason": why_not})
         if cp_path is not None:
+            gap = importlib.import_module(
+                "tracetool.analysis.critical_path").unexplained_gap_warning(cp_path)
+            if gap:
+                summary["warnings"].append(gap)
             charts["critical_path"] = "critical_path.png"
             drawer.draw(draw_critical_path, critical_path_bars(cp_path), job,
                         out / charts["critical_path"])

@@ -20,7 +20,14 @@ from contextlib import contextmanager
 
 import duckdb
 
-from tracetool.graph import SYNC_CALLS
+from tracetool.graph import (
+    EVENT_RECORD_CALLS,
+    HOST_WAIT_CHANCE,
+    HOST_WAIT_MIN_GAP_NS,
+    HOST_WAIT_TOL_NS,
+    STREAM_WAIT_CALLS,
+    SYNC_CALLS,
+)
 
 _NODES = """
 CREATE OR REPLACE TEMP TABLE _g_nodes AS
@@ -66,7 +73,11 @@ SELECT file, track_id, is_gpu, node, t, coalesce(wake, FALSE) AS wake,
 FROM pts WINDOW w AS (PARTITION BY file, track_id ORDER BY t, prio, node)
 """
 
-_SYNC_NAMES = ", ".join(f"'{n}'" for n in SYNC_CALLS)
+def _names(names: tuple[str, ...]) -> str:
+    return ", ".join(f"'{n}'" for n in names)
+
+
+_SYNC_NAMES = _names(SYNC_CALLS)
 _HELPERS = [
     """CREATE OR REPLACE TEMP TABLE _g_gpu AS
        SELECT g.file, g.eid, g.kind, g.device, g.stream, g.ts_ns, g.end_ns, g.launch_eid,
@@ -172,6 +183,82 @@ pair AS (
                       AND {at('s.call_ts')} <= {at('h.launch_ts_ns', 'h.eid')})
 SELECT DISTINCT file, src_eid, 'end', dst_eid, 'start', 'stream_wait', dst_ts - src_end
 FROM pair WHERE dst_ts >= src_end""",
+    # only on a rank whose trace has no cuda_sync stream waits: each cudaStreamWaitEvent
+    # waits for the event its thread recorded last before it; the recorded stream is the one
+    # the thread launched on last before the record (PyTorch records on the current stream,
+    # which the thread just used: c10d's and Stream.wait_stream's pattern), the waiting
+    # stream the first other stream the thread launches on after the wait
+    "event_wait": f"""
+WITH calls AS (
+    SELECT n.file, n.track_id, n.eid, n.ts_ns, n.name IN ({_names(STREAM_WAIT_CALLS)}) AS wait
+    FROM _g_nodes n
+    ANTI JOIN (SELECT DISTINCT file FROM _g_cuda_sync WHERE name = 'Stream Wait Event') y
+           ON y.file = n.file
+    WHERE n.name IN ({_names(STREAM_WAIT_CALLS + EVENT_RECORD_CALLS)})),
+launched AS (  -- the GPU ops each thread launched, in launch order, in runs of one stream
+    SELECT *, sum(CASE WHEN prev_dev IS NOT DISTINCT FROM device
+                        AND prev_stream IS NOT DISTINCT FROM stream THEN 0 ELSE 1 END)
+                  OVER (PARTITION BY file, track_id ORDER BY launch_ts_ns, eid) AS run
+    FROM (SELECT g.file, l.track_id, g.eid, g.device, g.stream, g.ts_ns, g.end_ns,
+                 g.launch_ts_ns,
+                 lag(g.device) OVER w AS prev_dev, lag(g.stream) OVER w AS prev_stream
+          FROM _g_gpu g JOIN _g_nodes l ON l.file = g.file AND l.eid = g.launch_eid
+          WINDOW w AS (PARTITION BY g.file, l.track_id ORDER BY g.launch_ts_ns, g.eid))),
+run_first AS (
+    SELECT file, track_id, run, arg_min(eid, (launch_ts_ns, eid)) AS eid,
+           arg_min(ts_ns, (launch_ts_ns, eid)) AS ts_ns
+    FROM launched GROUP BY ALL),
+w AS (
+    SELECT w.file, w.track_id, w.ts_ns AS wait_ts, w.eid AS wait_eid, r.ts_ns AS rec_ts,
+           r.eid AS rec_eid
+    FROM (SELECT * FROM calls WHERE wait) w
+    ASOF JOIN (SELECT * FROM calls WHERE NOT wait) r
+           ON r.file = w.file AND r.track_id = w.track_id
+          AND {at('w.ts_ns', 'w.eid')} > {at('r.ts_ns', 'r.eid')}),
+src AS (
+    SELECT w.*, g.eid AS src_eid, g.end_ns AS src_end, g.device AS s_dev, g.stream AS s_stream
+    FROM w ASOF JOIN launched g
+      ON g.file = w.file AND g.track_id = w.track_id
+     AND {at('w.rec_ts', 'w.rec_eid')} > {at('g.launch_ts_ns', 'g.eid')}),
+nxt AS (
+    SELECT s.*, h.eid AS h_eid, h.ts_ns AS h_ts, h.run,
+           h.device IS NOT DISTINCT FROM s.s_dev AND h.stream IS NOT DISTINCT FROM s.s_stream
+               AS same
+    FROM src s ASOF JOIN launched h
+      ON h.file = s.file AND h.track_id = s.track_id
+     AND {at('s.wait_ts', 's.wait_eid')} < {at('h.launch_ts_ns', 'h.eid')}),
+pair AS (
+    SELECT n.file, n.src_eid, n.src_end,
+           CASE WHEN n.same THEN f.eid ELSE n.h_eid END AS dst_eid,
+           CASE WHEN n.same THEN f.ts_ns ELSE n.h_ts END AS dst_ts
+    FROM nxt n LEFT JOIN run_first f
+      ON f.file = n.file AND f.track_id = n.track_id AND f.run = n.run + 1)
+SELECT DISTINCT file, src_eid, 'end', dst_eid, 'start', 'event_wait', dst_ts - src_end
+FROM pair WHERE dst_eid IS NOT NULL AND dst_ts >= src_end""",
+    # a thread that resumed after a long gap within a tolerance of a GPU op's end waited for
+    # it (polling, spinning on pinned memory; a launch call blocked on a full launch queue
+    # returns as an op ends and frees a slot), when few enough ops ended in the gap that the
+    # coincidence is no chance (tracetool.graph.HOST_WAIT_*); sync calls, and a copy call's
+    # wait for its own copy, have their sync edge
+    "host_wait": f"""
+WITH ends AS (
+    SELECT file, eid, end_ns AS t, launch_eid,
+           row_number() OVER (PARTITION BY file ORDER BY end_ns, eid) AS k
+    FROM _g_gpu),
+gaps AS (
+    SELECT c.file, c.node, c.t, c.p_t FROM _g_chain c
+    ANTI JOIN _g_sync_calls s ON s.file = c.file AND 2 * s.eid + 1 = c.node
+    WHERE NOT c.is_gpu AND c.t - c.p_t >= {HOST_WAIT_MIN_GAP_NS}),
+hit AS (
+    SELECT g.*, e.eid AS src, e.t AS e_t, e.k, e.launch_eid FROM gaps g
+    ASOF JOIN ends e ON e.file = g.file AND {at_or_after('g.t')} >= {at('e.t', 'e.eid')}),
+counted AS (
+    SELECT h.*, h.k - coalesce(b.k, 0) AS n_in_gap FROM hit h
+    ASOF LEFT JOIN ends b ON b.file = h.file AND {at_or_after('h.p_t')} >= {at('b.t', 'b.eid')})
+SELECT file, src, 'end', node // 2, {_PT.format('node')}, 'host_wait', t - e_t FROM counted
+WHERE e_t > p_t AND t - e_t <= {HOST_WAIT_TOL_NS}
+  AND NOT (node % 2 = 1 AND launch_eid IS NOT DISTINCT FROM node // 2)  -- its own copy: sync
+  AND n_in_gap * {HOST_WAIT_TOL_NS * HOST_WAIT_CHANCE} <= t - p_t""",
     # only on a rank whose trace has no cuda_sync stream waits
     "comm_wait": f"""
 WITH k AS (SELECT g.* FROM _g_gpu g

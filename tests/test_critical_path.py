@@ -218,6 +218,37 @@ def test_gloo_path_runs_over_threads_and_gloo_spans(con, paths) -> None:
     assert {"thread_wake", "comm_enqueue"} & {r["edge_kind"] for r in segs}
 
 
+def test_a_cpu_only_job_has_no_launch_overhead(con, paths) -> None:
+    """gloo hands a collective to its worker thread (comm_enqueue): a wait, not a launch
+    (it was 4% launch_overhead of the sample's path)."""
+    segs = paths["gloo"]
+    assert not con.execute("SELECT count(*) FROM gpu_ops WHERE job = 'gloo'").fetchone()[0]
+    assert "launch_overhead" not in {r["kind"] for r in segs}
+    enqueue = [r for r in segs if r["edge_kind"] == "comm_enqueue"]
+    assert enqueue and {r["kind"] for r in enqueue} == {"idle_wait"}
+
+
+def test_event_waits_agree_with_the_inferred_nccl_waits(con) -> None:
+    """bert_ddp (2021, no cuda_sync): each rank's 35 event record -> stream wait pairs give
+    edges between the compute stream 7 and the NCCL stream 15 (32 into all-reduces, 3 out of
+    them); 34 of them are exactly the edges comm_wait infers from c10d's pattern without
+    reading the calls (the other: an all-reduce -> the first op launched after its wait,
+    where comm_wait takes the first op to start after it)."""
+    for rank in (0, 1):
+        def edges(kind: str, rank: int = rank) -> set:
+            return set(con.execute("""SELECT src_eid, dst_eid, lag_ns FROM rank_edges
+                                      WHERE job = 'bert_ddp' AND rank = ? AND kind = ?""",
+                                   [rank, kind]).fetchall())
+        event, comm = edges("event_wait"), edges("comm_wait")
+        assert (len(event), len(event & comm)) == (35, 34)
+        assert con.execute("""
+            SELECT s.stream, d.stream, count(*) FROM rank_edges e
+            JOIN gpu_ops s ON s.job = e.job AND s.rank = e.rank AND s.eid = e.src_eid
+            JOIN gpu_ops d ON d.job = e.job AND d.rank = e.rank AND d.eid = e.dst_eid
+            WHERE e.job = 'bert_ddp' AND e.rank = ? AND e.kind = 'event_wait'
+            GROUP BY ALL ORDER BY ALL""", [rank]).fetchall() == [(7, 15, 32), (15, 7, 3)]
+
+
 @pytest.mark.parametrize("job", ["dlrm", "bert_ddp"])
 def test_edges_are_causal(con, job: str) -> None:
     bad, n, kinds = con.execute(

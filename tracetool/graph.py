@@ -19,6 +19,11 @@ EDGE_KINDS: dict[str, str] = {
     "sync": "GPU op end -> end of the CPU call that waited for it: device/stream/event "
             "synchronize (awaited op from cuda_sync events when recorded), blocking memcpy "
             "(its own copy, when it ended before the call returned)",
+    "host_wait": "inferred host wait: GPU op end -> the CPU point where a thread resumed "
+                 "after a gap of at least HOST_WAIT_MIN_GAP_NS (idle, or inside an op's self "
+                 "time) within HOST_WAIT_TOL_NS of that op's end, when so few GPU ops ended "
+                 "in the gap that the coincidence is unlikely by chance (a polling loop, a "
+                 "spin on pinned memory: waiting, not CPU work)",
     "collective": "start of the last-arriving rank's collective kernel or gloo span -> end "
                   "of every other rank's one (instances: collective_ranks.instance; "
                   "docs/collectives.md). The only kind between ranks: computed by the "
@@ -26,6 +31,11 @@ EDGE_KINDS: dict[str, str] = {
     "stream_wait": "GPU op end -> first GPU op launched on the waiting stream after a "
                    "cudaStreamWaitEvent (cuda_sync 'Stream Wait Event'; the awaited op is the "
                    "last one launched on the recorded stream before cudaEventRecord)",
+    "event_wait": "inferred stream wait, on ranks without cuda_sync 'Stream Wait Event': "
+                  "the last GPU op the thread launched before the cudaEventRecord that most "
+                  "recently preceded a cudaStreamWaitEvent on the same thread (the recorded "
+                  "stream) -> the first op the thread launched after the wait on another "
+                  "stream (the waiting one)",
     "comm_wait": "inferred NCCL stream waits (ranks without cuda_sync): last compute op "
                  "launched before a comm kernel -> its start, and comm kernel end -> first "
                  "compute op on another stream to start after it",
@@ -49,6 +59,18 @@ REPLAY_ONLY_KINDS = ("transfer_wake",)
 # what time inside a node event is (cp_nodes.cls)
 CLASSES = ("compute", "comm", "memcpy", "cpu")
 POINTS = ("start", "end")  # a node is the start or the end point of its event
+
+# the runtime/driver calls of events, for the inferred stream waits (event_wait)
+EVENT_RECORD_CALLS = ("cudaEventRecord", "cudaEventRecordWithFlags", "cuEventRecord",
+                      "cuEventRecordWithFlags", "hipEventRecord", "hipEventRecordWithFlags")
+STREAM_WAIT_CALLS = ("cudaStreamWaitEvent", "cuStreamWaitEvent", "hipStreamWaitEvent")
+
+# host waits (host_wait): a CPU gap of at least MIN_GAP that ends within TOL after a GPU op's
+# end is a wait on that op, when at most one GPU op ended per CHANCE tolerances of the gap (so
+# a random resume would land within TOL of an end with a chance of at most 1 / CHANCE)
+HOST_WAIT_MIN_GAP_NS = 1_000_000
+HOST_WAIT_TOL_NS = 20_000
+HOST_WAIT_CHANCE = 20
 
 SYNC_CALLS = (
     "cudaDeviceSynchronize", "cudaStreamSynchronize", "cudaEventSynchronize",

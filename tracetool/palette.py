@@ -20,6 +20,7 @@ COLOURS: dict[str, str] = {
     "launch_overhead": "#8172b3",
     "cpu": "#937860",
     "idle_wait": "#a9a9a9",
+    "unexplained_gap": "#e377c2",
     # kernel categories (kernels.category)
     "gemm": "#4c72b0",
     "conv": "#64b5cd",

@@ -63,8 +63,14 @@ JOIN (SELECT job, rank, step, start_ns, end_ns FROM steps) st
 -- idle_ns: dur_ns - time with any GPU op running (on CPU-only ranks: any compute or comm).
 -- cpu_bound_ns: idle time during which the step's CPU thread was busy (not synchronizing):
 --   the GPU waited for the CPU. NULL on CPU-only ranks.
+-- unexplained_gap_ns: idle time during which a GPU op had been launched and was free to run
+--   but waited far longer than a launch (gpu_wait_gaps, 62_unexplained_gaps.sql: a clock
+--   jump, GPU work outside the trace, a GPU op the profiler missed); part of idle_ns, 0
+--   on CPU-only ranks.
 CREATE OR REPLACE VIEW step_breakdown WITH (DEFER_BINDING) AS
 WITH unions AS (SELECT * FROM interval_unions('step_intervals')),
+gaps AS (SELECT jh, rank, step, compute AS ns
+         FROM interval_unions('unexplained_gap_intervals')),
 gpu_ranks AS (SELECT DISTINCT job, rank FROM gpu_ops)
 SELECT s.job, s.rank, s.step, s.dur_ns, s.complete,
        coalesce(u.compute, 0)::BIGINT AS compute_ns, coalesce(u.comm, 0)::BIGINT AS comm_ns,
@@ -73,7 +79,9 @@ SELECT s.job, s.rank, s.step, s.dur_ns, s.complete,
        (coalesce(u.busy, 0) - coalesce(u.compute_or_comm, 0))::BIGINT AS exposed_memcpy_ns,
        (s.dur_ns - coalesce(u.busy, 0))::BIGINT AS idle_ns,
        CASE WHEN g.rank IS NOT NULL
-            THEN (coalesce(u.busy_cpu, 0) - coalesce(u.busy, 0))::BIGINT END AS cpu_bound_ns
+            THEN (coalesce(u.busy_cpu, 0) - coalesce(u.busy, 0))::BIGINT END AS cpu_bound_ns,
+       coalesce(x.ns, 0)::BIGINT AS unexplained_gap_ns
 FROM steps s
 LEFT JOIN unions u ON u.jh = hash(s.job) AND u.rank = s.rank AND u.step = s.step
+LEFT JOIN gaps x ON x.jh = hash(s.job) AND x.rank = s.rank AND x.step = s.step
 LEFT JOIN gpu_ranks g ON g.job = s.job AND g.rank = s.rank;

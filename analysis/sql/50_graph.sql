@@ -60,8 +60,9 @@ FROM rank_edges;
 -- rank_src, src_eid, src_point: the point the edge starts from: the start ('start') or the
 --   end ('end') of event src_eid (cp_nodes.eid) of rank rank_src.
 -- rank_dst, dst_eid, dst_point: the point that depends on it (same encoding).
--- kind: cpu_order, gpu_order, launch, sync, collective, stream_wait, comm_wait,
---   comm_enqueue, thread_wake, transfer_wake (tracetool.graph.EDGE_KINDS: what each one
+-- kind: cpu_order, gpu_order, launch, sync, host_wait, collective, stream_wait,
+--   event_wait, comm_wait, comm_enqueue, thread_wake, transfer_wake
+--   (tracetool.graph.EDGE_KINDS: what each one
 --   means and where it comes from). Only 'collective' joins two ranks.
 -- lag_ns: time of the dst point minus time of the src point, >= 0 (on the two ranks'
 --   recorded clocks for 'collective', and transfer_wake may be slightly negative). The src

@@ -11,7 +11,7 @@ import duckdb
 from tracetool.analysis.chrome_trace import write_path_trace
 from tracetool.analysis.collectives import job_missing_ranks_note, warn_collectives
 from tracetool.analysis.connect import open_job
-from tracetool.analysis.critical_path import critical_path
+from tracetool.analysis.critical_path import critical_path, unexplained_gap_warning
 from tracetool.analysis.windows import use_windows
 from tracetool.cli._errors import fail_for
 from tracetool.cli._job import window_options, windows_of
@@ -38,7 +38,8 @@ def critical_path_command(store: Path | str, job: str | None, step: int | None,
                           instance: int | None, window: str | None, chrome: Path | None,
                           as_json: bool, segments: bool) -> None:
     """Compute the critical path of each step across threads, streams and ranks, and
-    summarise it by kind (compute, comm, memcpy, launch_overhead, cpu, idle_wait) and by rank.
+    summarise it by kind (compute, comm, memcpy, launch_overhead, cpu, idle_wait,
+    unexplained_gap) and by rank.
 
     Exit code 0; 1 when the store, job or step cannot be read; 2 for an annotation or window
     that selects nothing (one line on stderr)."""
@@ -62,6 +63,10 @@ def critical_path_command(store: Path | str, job: str | None, step: int | None,
         report = summarize(job, rel)
         if segments:
             attach_segments(report, rel)
+        gap = unexplained_gap_warning(rel)
+        if gap:
+            click.echo(f"tracetool: warning: {gap}", err=True)
+            warnings.append(gap)
         written = None
         if chrome:
             written = write_path_trace(con, job, rel.to_arrow_table(), chrome)
