@@ -29,10 +29,13 @@ SELECT job, rank, step, eid FROM gpu_ops WHERE step IS NOT NULL;
 --   not tiled: 'span' (an annotation instance: its CPU start or first GPU op, whichever is
 --   first, to its latest end, CPU or GPU) or 'window' (the time window itself).
 -- tiled: step_marks.tiled (FALSE for --annotation / --window windows).
--- start_ns, end_ns, dur_ns: the tile. The first step starts at its earliest event (CPU
---   annotation or GPU op), every later one at its start on `side` (profiler_steps.gpu_first_ns,
---   or cpu_start_ns when the step has no GPU op), never before the previous step's start;
---   each step ends where the next one starts, the last at its latest event, CPU or GPU.
+-- start_ns, end_ns, dur_ns: the tile. Every step, the first included, starts at its start
+--   on `side`: 'gpu', its first GPU op (profiler_steps.gpu_first_ns, or cpu_start_ns when
+--   the step has no GPU op); 'cpu', its CPU annotation's start (cpu_start_ns). So all of a
+--   rank's boundaries are on one clock (a first step from its CPU start to the next step's
+--   first GPU op would add the CPU's lead over the GPU to it). Never before the previous
+--   step's start; each step ends where the next one starts, the last at its latest event,
+--   CPU or GPU.
 --   dur_ns is the iteration period: what a wall clock around the training loop measures.
 -- start_eid: the event whose start is start_ns before the never-before-the-previous clamp
 --   (the CPU annotation or the GPU op); the replay projects the same point.
@@ -58,15 +61,13 @@ raw AS (
                      WHEN NOT p.tiled THEN 'span'
                      WHEN s.gpu_lags THEN 'gpu' ELSE 'cpu' END AS side,
            CASE WHEN p.window_start_ns IS NOT NULL THEN p.window_start_ns
-                WHEN (p.i = 1 OR NOT p.tiled) AND p.gpu_first_ns < p.cpu_start_ns
-                    THEN p.gpu_first_ns
-                WHEN p.i = 1 OR NOT p.tiled THEN p.cpu_start_ns
+                WHEN NOT p.tiled AND p.gpu_first_ns < p.cpu_start_ns THEN p.gpu_first_ns
+                WHEN NOT p.tiled THEN p.cpu_start_ns
                 WHEN s.gpu_lags THEN coalesce(p.gpu_first_ns, p.cpu_start_ns)
                 ELSE p.cpu_start_ns END AS raw_start_ns,
            CASE WHEN p.window_start_ns IS NOT NULL THEN NULL
-                WHEN (p.i = 1 OR NOT p.tiled) AND p.gpu_first_ns < p.cpu_start_ns
-                    THEN p.gpu_first_eid
-                WHEN p.i = 1 OR NOT p.tiled THEN p.eid
+                WHEN NOT p.tiled AND p.gpu_first_ns < p.cpu_start_ns THEN p.gpu_first_eid
+                WHEN NOT p.tiled THEN p.eid
                 WHEN s.gpu_lags THEN coalesce(p.gpu_first_eid, p.eid)
                 ELSE p.eid END AS start_eid
     FROM p JOIN side s USING (job, rank)),
