@@ -6,6 +6,9 @@ from __future__ import annotations
 import gzip
 import json
 import re
+import subprocess
+import sys
+from decimal import Decimal
 from pathlib import Path
 
 import pytest
@@ -277,4 +280,78 @@ def test_a_lagging_gpu_first_step_is_on_its_own_clock(delayed_gpu) -> None:  # n
     ends = starts[1:] + [max(tiles[r][steps[-1]][1] for r in tiles)]
     assert con.execute("SELECT step, start_ns, end_ns FROM job_steps ORDER BY step"
                        ).fetchall() == list(zip(steps, starts, ends, strict=True))
+
+
+# ---------------------------------------------------------------------- clocks days apart
+
+def _step_start_ns(path: Path, step: int) -> int:
+    """ProfilerStep#step's CPU start in a generated trace, from the raw JSON (us since
+    baseTimeNanoseconds)."""
+    doc = json.loads(path.read_text(), parse_float=Decimal)
+    (ts,) = [e["ts"] for e in doc["traceEvents"] if e.get("cat") == "user_annotation"
+             and e.get("name") == f"ProfilerStep#{step}"]
+    return int(doc["baseTimeNanoseconds"]) + int(ts * 1000)
+
+
+@pytest.fixture(scope="module")
+def days_apart(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[int, int]]:
+    """Four generated ranks with different seeds (issue 32, item 7): each its own wall clock,
+    days from the others'. Returns the store and each rank's ProfilerStep#2 start."""
+    d = tmp_path_factory.mktemp("days") / "tr"
+    d.mkdir()
+    starts = {}
+    for r in range(4):
+        out = d / f"rank{r}.json"
+        subprocess.run([sys.executable, str(REPO / "benchmarks" / "gen_trace.py"), "--size",
+                        "300KB", "--steps", "6", "--rank", str(r), "--world-size", "4",
+                        "--seed", str(r), "--out", str(out)], check=True,
+                       capture_output=True, timeout=120)
+        starts[r] = _step_start_ns(out, 2)
+    s = d.parent / "store"
+    assert all(x.status == "ingested" for x in ingest([d], Options(store=s, job="tr",
+                                                                    workers=2)))
+    return s, starts
+
+
+def _days(ns: int) -> str:
+    return f"{ns / 86_400e9:,.1f} days"
+
+
+def test_clocks_days_apart_flag_the_job_with_one_warning(days_apart, tmp_path: Path) -> None:  # noqa: ANN001
+    s, starts = days_apart
+    con = tracetool.connect(s)
+    # every job step incomplete, with the reason; each rank's own steps stand
+    assert con.execute("SELECT step, complete, incomplete_reason FROM job_steps ORDER BY step"
+                       ).fetchall() == [(n, False, "clocks_disagree") for n in range(2, 8)]
+    assert con.execute("SELECT count(*), bool_and(complete) FROM steps").fetchone() == (24,
+                                                                                       True)
+    spread = con.execute("SELECT max(start_ns) - min(start_ns) FROM steps WHERE step = 2"
+                         ).fetchone()[0]
+    assert spread == max(starts.values()) - min(starts.values())  # the raw JSON's
+    offsets = ", ".join(f"rank {r} {_days(abs(starts[r] - starts[0]))} "
+                        f"{'ahead' if starts[r] > starts[0] else 'behind'}" for r in (1, 2, 3))
+    step_ms = con.execute("SELECT median(mean_rank_dur_ns) / 1e6 FROM job_steps").fetchone()[0]
+    warning = (f"tracetool: warning: the ranks' clocks disagree by more than a step: they "
+               f"started the same step up to {_days(spread)} apart (a step is {step_ms:.1f} "
+               f"ms); by the collectives' end times (rank_clock_offsets), against rank 0: "
+               f"{offsets}; the 6 job steps are left out as incomplete (clocks_disagree, "
+               f"docs/steps.md); each rank's own steps stand\n")
+    code, out, err = run("report", s, "--out", tmp_path / "r")
+    assert code == 0 and err == warning
+    assert "Left out: step 2 (clocks_disagree," in out
+    error = (f"tracetool: error: {s}: job tr has no complete step: 6 left out as incomplete "
+             "(6 clocks_disagree; docs/steps.md); --include-incomplete takes them\n")
+    for args in (["critical-path", s], ["replay", s],
+                 ["sweep", s, "--network", "inter_node_bw=1,10Gbit/s", "--out",
+                  tmp_path / "sw"]):
+        code, out, err = run(*args)
+        assert (code, out) == (1, ""), args
+        assert err.count("tracetool: warning: ") <= 1 and err.endswith(error), (args, err)
+    assert not (tmp_path / "sw").exists()
+    # asked for anyway: the identity's band is the measured step, never below zero (no
+    # complete step, so no step-to-step variation either; the variation of these six
+    # "steps" made it [-198.8, 473.2] ms for a 137.2 ms step on the issue's 15 MB ranks)
+    steps = _json("replay", s, "--include-incomplete")["steps"]
+    assert len(steps) == 6
+    assert all(0 < x["low_ns"] == x["measured_step_ns"] == x["high_ns"] for x in steps)
 

@@ -102,7 +102,13 @@ CROSS JOIN LATERAL (SELECT CASE
 
 -- @view job_steps: the job-wide step: iteration N as the whole job ran it (one row per job
 --   and step). Times on the ranks' recorded clocks (ranks of one host share one; across
---   hosts NTP keeps them within tens of microseconds).
+--   hosts NTP keeps them within tens of microseconds). When some ProfilerStep's ranks
+--   started it more than a step apart (the job's median of mean_rank_dur_ns: ranks that
+--   synchronise every step start it within one), the ranks' clocks
+--   disagree (hosts without NTP, or traces of different runs put together: days apart on
+--   generated ones), the latest-rank boundaries mix clocks, and every step of the job is
+--   incomplete, 'clocks_disagree' (tracetool.analysis.collectives warns, with the offsets
+--   of rank_clock_offsets). Each rank's own steps (steps) stand: one clock each.
 -- job, step. n_ranks: ranks that have the step. tiled: the ranks' steps are (steps.tiled).
 -- start_ns, end_ns, dur_ns: the tile. Iteration N is done when the last rank has started
 --   iteration N + 1, so the boundary between two job steps is the latest of the ranks'
@@ -110,12 +116,14 @@ CROSS JOIN LATERAL (SELECT CASE
 --   last ends at the latest rank's end. Job steps tile the job's span like steps tile a
 --   rank's. This is what `tracetool replay` calls the measured step.
 -- mean_rank_dur_ns: mean over the ranks of steps.dur_ns (what step_breakdown splits).
--- complete, incomplete_reason: FALSE when any rank's step is incomplete (its reason; 'open'
---   before 'cut' before 'not_on_all_ranks').
+-- complete, incomplete_reason: FALSE when the job's clocks disagree ('clocks_disagree',
+--   above) or any rank's step is incomplete (its reason; 'open' before 'cut' before
+--   'not_on_all_ranks').
+-- start_spread_ns: the latest rank's start of the step minus the earliest's.
 -- Windows that are not tiled (steps.tiled FALSE) are not tiled here either: each spans the
 --   earliest rank's start to the latest rank's end.
 CREATE OR REPLACE VIEW job_steps WITH (DEFER_BINDING) AS
-WITH s AS (
+WITH s AS MATERIALIZED (  -- read by the tiling and the clock check: steps computed once
     SELECT job, step, count(*) AS n_ranks, min(start_ns) AS first_start_ns,
            max(start_ns) AS last_start_ns, max(end_ns) AS last_end_ns,
            avg(dur_ns) AS mean_rank_dur_ns, bool_and(complete) AS complete,
@@ -136,8 +144,16 @@ ended AS (
     SELECT *, CASE WHEN tiled THEN coalesce(lead(start_ns) OVER (PARTITION BY job ORDER BY step),
                                             greatest(start_ns, last_end_ns))
                    ELSE greatest(start_ns, last_end_ns) END AS end_ns
-    FROM clamped)
+    FROM clamped),
+clocks AS (  -- a job whose ranks started some ProfilerStep more than a step apart
+    SELECT job, coalesce(bool_or(tiled AND last_start_ns - first_start_ns > m), FALSE) AS apart
+    FROM (SELECT job, tiled, first_start_ns, last_start_ns,
+                 median(mean_rank_dur_ns) OVER (PARTITION BY job) AS m FROM s)
+    GROUP BY job)
 SELECT job, step, n_ranks, tiled, start_ns, end_ns, end_ns - start_ns AS dur_ns,
-       mean_rank_dur_ns, complete,
-       ['open', 'cut', 'not_on_all_ranks'][reason_code] AS incomplete_reason
-FROM ended;
+       mean_rank_dur_ns, complete AND NOT c.apart AS complete,
+       CASE WHEN c.apart THEN 'clocks_disagree'
+            ELSE ['open', 'cut', 'not_on_all_ranks'][reason_code] END AS incomplete_reason,
+       last_start_ns - first_start_ns AS start_spread_ns
+FROM ended JOIN clocks c USING (job)
+ORDER BY job, step;
