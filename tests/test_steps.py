@@ -355,3 +355,16 @@ def test_clocks_days_apart_flag_the_job_with_one_warning(days_apart, tmp_path: P
     assert len(steps) == 6
     assert all(0 < x["low_ns"] == x["measured_step_ns"] == x["high_ns"] for x in steps)
 
+
+def test_diff_help_defines_step_time_as_docs_steps_does() -> None:
+    """One definition of diff's step_time: the help and docs/steps.md both say what
+    analysis/diff.py computes (the help once said "CPU start to the end of its GPU work")."""
+    from tracetool.analysis.diff import METRICS
+
+    code, out, _ = run("diff", "--help")
+    assert code == 0
+    flat = " ".join(out.split())
+    for metric, text in METRICS.items():
+        assert f"{metric}: {text}." in flat
+    docs = " ".join((REPO / "docs" / "steps.md").read_text().split())
+    assert f"`tracetool diff`'s `step_time` is the {METRICS['step_time']}" in docs
