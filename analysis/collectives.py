@@ -6,6 +6,11 @@ The matching itself is SQL (``analysis/sql/40_collectives.sql``: ``collective_ra
 different numbers of calls (their windows start or stop at different collectives), calls left
 unmatched, alignments that are ambiguous or impossible. ``tracetool report`` puts them in the
 report and prints them on stderr; other commands print them with :func:`warn_collectives`.
+
+The same channel carries the one warning about the ranks' clocks (:func:`clock_warnings`):
+when they disagree by more than a step, job_steps marks every step ``clocks_disagree``
+(``analysis/sql/05_steps.sql``), and the warning says by how much, with the offsets that the
+collectives' end times imply (``rank_clock_offsets``).
 """
 
 from __future__ import annotations
@@ -37,7 +42,34 @@ def collective_warnings(con: duckdb.DuckDBPyConnection, job: str) -> list[str]:
     out: list[str] = []
     for pg, ranks in groups.items():
         out += _group_warnings(_group_label(pg), ranks)
-    return out
+    return out + clock_warnings(con, job)
+
+
+def clock_warnings(con: duckdb.DuckDBPyConnection, job: str) -> list[str]:
+    """One line when ``job``'s ranks started a step more than a step apart on their recorded
+    clocks (job_steps.incomplete_reason 'clocks_disagree'), saying how far apart and, where
+    collectives were matched confidently, each rank's clock offset; else []."""
+    n, spread, step_ns = con.execute("""
+        SELECT count(*), max(start_spread_ns), median(mean_rank_dur_ns) FROM job_steps
+        WHERE job = ? AND incomplete_reason = 'clocks_disagree'""", [job]).fetchone()
+    if not n:
+        return []
+    offsets = con.execute("""
+        SELECT rank, offset_ns FROM rank_clock_offsets
+        WHERE job = ? AND n_samples > 0 AND offset_ns <> 0 ORDER BY rank""", [job]).fetchall()
+    ref = con.execute("SELECT min(rank) FROM rank_clock_offsets WHERE job = ? AND n_samples > 0",
+                      [job]).fetchone()[0]
+    by = ""
+    if offsets:
+        parts = [f"rank {r} {_span(abs(o))} {'ahead' if o > 0 else 'behind'}"
+                 for r, o in offsets[:MAX_RANKS_LISTED]]
+        more = len(offsets) - MAX_RANKS_LISTED
+        by = (f"; by the collectives' end times (rank_clock_offsets), against rank {ref}: "
+              + ", ".join(parts) + (f" and {more} more" if more > 0 else ""))
+    return [f"the ranks' clocks disagree by more than a step: they started the same step up "
+            f"to {_span(spread)} apart (a step is {_span(step_ns)}){by}; the "
+            f"{_n(n, 'job step')} {'is' if n == 1 else 'are'} left out as incomplete "
+            "(clocks_disagree, docs/steps.md); each rank's own steps stand"]
 
 
 def missing_ranks_note(job: str, ranks: list[int], world_size: int | None) -> str | None:
@@ -135,3 +167,11 @@ def _n(n: int, what: str) -> str:
 
 def _us(ns: int | None) -> str:
     return "?" if ns is None else f"{ns / 1e3:,.0f} us"
+
+
+def _span(ns: float) -> str:
+    """A duration from microseconds to days, in the unit that reads best."""
+    for unit, size in (("days", 86_400e9), ("h", 3_600e9), ("s", 1e9), ("ms", 1e6)):
+        if ns >= size:
+            return f"{ns / size:,.1f} {unit}"
+    return f"{ns / 1e3:,.0f} us"

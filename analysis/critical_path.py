@@ -30,6 +30,7 @@ import duckdb
 import numpy as np
 import pyarrow as pa
 
+from tracetool.analysis.windows import no_complete_steps
 from tracetool.graph import CLASSES, EDGE_KINDS, KIND_NAMES, REPLAY_ONLY_KINDS
 
 __all__ = ["CLASSES", "EDGE_KINDS", "SEGMENT_KINDS", "critical_path", "critical_path_summary",
@@ -348,6 +349,8 @@ def _windows(con: duckdb.DuckDBPyConnection, job: str, step: int | None,
         raise ValueError(f"job {job!r} has no step {step}")
     if rows:
         return [(s, int(a), int(b)) for s, a, b in rows]
+    if step is None and (left_out := no_complete_steps(con, job)):
+        raise ValueError(left_out)  # steps there are, none complete: not the whole trace
     ((lo, hi),) = con.execute("SELECT min(ts_ns), max(end_ns) FROM cp_nodes WHERE job = ?",
                               [job]).fetchall()
     if lo is None:

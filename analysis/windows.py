@@ -153,3 +153,18 @@ def _use_time_window(con: duckdb.DuckDBPyConnection, job: str, start: int, end: 
                FALSE AS tiled, {t0 + start}::BIGINT AS window_start_ns,
                {t0 + end}::BIGINT AS window_end_ns
         FROM trace_files WHERE job = {_literal(job)}""")
+
+
+def no_complete_steps(con: duckdb.DuckDBPyConnection, job: str) -> str | None:
+    """The one line for ``job`` when it has steps but none complete (job_steps), naming how
+    many were left out and why, so critical-path, replay and sweep neither fall back to the
+    whole trace nor print an empty table; None when a step is complete or the job has none
+    (no ProfilerStep: the whole trace is the window)."""
+    rows = con.execute("""SELECT incomplete_reason, count(*) FROM job_steps WHERE job = ?
+                          GROUP BY ALL ORDER BY 2 DESC, 1""", [job]).fetchall()
+    if not rows or any(reason is None for reason, _ in rows):
+        return None
+    why = ", ".join(f"{n} {reason}" for reason, n in rows)
+    n = sum(n for _, n in rows)
+    return (f"job {job} has no complete step: {n} left out as incomplete ({why}; "
+            "docs/steps.md); --include-incomplete takes them")

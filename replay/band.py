@@ -9,7 +9,8 @@ max-plus system, every point the latest of (source + weight) over its in-edges, 
 monotone in every weight: scheduling once with every uncertain weight at its low end and once
 at its high end bounds every projected time, with no sampling. The band of a step is the span
 of those two schedules' step times together with the model's two calibrations
-(``model.Weights``), widened by the job's own step-to-step variation (``run.Replayer``).
+(``model.Weights``), widened by the job's own step-to-step variation (``widen``: a ratio
+too, so a band never holds a negative time).
 
 The error terms are what the model missed on the project's own ground truth
 (``benchmarks/replay_accuracy.py`` prints them; ``docs/replay_band.md`` says how each was
@@ -148,6 +149,22 @@ def bounds(w: np.ndarray, e: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     low[has] = np.where(x >= 0, down, up)
     high[has] = np.where(x >= 0, up, down)
     return low, high
+
+
+def step_variation(measured: np.ndarray) -> float:
+    """The job's own step-to-step variation: the coefficient of variation (sample standard
+    deviation / mean) of its measured complete step times (NaN for the others); 0 for fewer
+    than two. A projection of one step cannot be surer than the steps repeat."""
+    m = measured[np.isfinite(measured) & (measured > 0)]
+    return float(np.std(m, ddof=1) / np.mean(m)) if len(m) > 1 else 0.0
+
+
+def widen(low: np.ndarray, high: np.ndarray, u: float) -> tuple[np.ndarray, np.ndarray]:
+    """(low, high) widened by the relative variation ``u`` as a ratio, like every error term:
+    ``[low / (1 + u), high * (1 + u)]``. Subtracting ``u x projected`` instead made a band
+    that held negative times once the steps varied by more than their mean (u > 1: steps
+    of 1, 1, 1 and 10 ms; or one step measured across clocks days apart)."""
+    return low / (1 + u), high * (1 + u)
 
 
 def describe(used: dict[str, int]) -> list[str]:

@@ -32,7 +32,7 @@ from tracetool.analysis.critical_path import (
 from tracetool.graph import KIND_NAMES
 from tracetool.numbers import round_ns
 
-from .band import bounds, describe, edge_errors
+from .band import bounds, describe, edge_errors, step_variation, widen
 from .graph import NO_STEP, Bounds, ReplayGraph, build_graph
 from .model import Scenario, weights
 
@@ -162,9 +162,9 @@ class Replayer:
         for x in band.result() if band is not None else []:
             s = step_windows(g, x)
             alts.append(s.job_end - s.job_start)
-        low, high = self._band(np.where(g.step_complete & g.step_reported,
-                                        m.job_end - m.job_start, np.nan),
-                               p.job_end - p.job_start, np.array(alts))
+        spans = np.array(alts)  # the band: their span, widened by the steps' variation
+        low, high = widen(spans.min(axis=0), spans.max(axis=0), step_variation(
+            np.where(g.step_complete & g.step_reported, m.job_end - m.job_start, np.nan)))
         steps = []
         for i, s in enumerate(g.steps):
             if not (g.step_complete[i] or include_incomplete) or not g.step_reported[i]:
@@ -197,19 +197,6 @@ class Replayer:
                 "replayed_ranks": g.replayed_ranks.tolist(), "job_ranks": g.ranks.tolist(),
                 "world_size": g.world_size,
                 "partial_collectives": g.partial, "fixed_points": g.frontier}
-
-    def _band(self, measured: np.ndarray, projected: np.ndarray, spans: np.ndarray
-              ) -> tuple[np.ndarray, np.ndarray]:
-        """(low, high) per step: the span of ``spans`` (step times of the projection, its
-        other calibration, and the schedules with every uncertain weight at its low and its
-        high end: ``band.py``), widened both ways by the job's own step-to-step variation
-        (coefficient of variation of the measured step times), since a projection of one step
-        cannot be surer than the steps repeat."""
-        ok = np.isfinite(measured) & (measured > 0)
-        m = measured[ok]
-        u_steps = float(np.std(m, ddof=1) / np.mean(m)) if len(m) > 1 else 0.0
-        lo, hi = spans.min(axis=0), spans.max(axis=0)
-        return lo - u_steps * projected, hi + u_steps * projected
 
     def _added_waits(self, t: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, ...]:
         """(rank, start, end) of the waits for a CPU-side transfer that the projection added:

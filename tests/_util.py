@@ -79,10 +79,8 @@ def independent_steps(steps: dict[int, tuple[int, int]], launched: dict[int, lis
     out, prev = {}, None
     for i, n in enumerate(order):
         cs = steps[n][0]
-        if i == 0:
-            s = min(cs, first_gpu.get(n, cs))
-        else:
-            s = first_gpu.get(n, cs) if lags else cs
+        s = first_gpu.get(n, cs) if lags else cs  # the first step too: one side per rank
+        if i > 0:
             s = max(s, prev)
         out[n], prev = s, s
     windows = {}

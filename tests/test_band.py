@@ -6,6 +6,10 @@ job_steps view of the target's own trace. Identity stays exact (no model, no err
 
 from __future__ import annotations
 
+import json
+import statistics
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -14,7 +18,7 @@ from tracetool.ingest.pipeline import Options, ingest
 from tracetool.replay import Replayer, Scenario, resolve_gpu
 from tracetool.replay.band import ERRORS, bounds
 
-from ._util import SHARED_TRACES
+from ._util import SHARED_TRACES, kineto_text, run, write, x
 
 BERT = SHARED_TRACES / "AMD-AGI__TraceLens/tests/traces"
 PAIR = {"h100": BERT / "h100/gaunernst_bert-small-uncased__1016001.json.gz",
@@ -85,3 +89,33 @@ def test_cross_gpu_kernel_time_within_15_percent(pair, src: str, dst: str) -> No
     measured = con.execute("SELECT sum(dur_ns) FROM gpu_ops WHERE job = ? AND kind = 'kernel'",
                            [dst]).fetchone()[0]
     assert abs(projected / measured - 1) <= 0.15, (projected, measured)
+
+
+# steps of 100, 100, 100 and 1000 us (CPU annotation, one kernel launched in each): their
+# variation u = stdev / mean = 450 / 325 is more than 1
+VARIED = {1: (0, 100), 2: (100, 200), 3: (200, 300), 4: (300, 1300)}
+
+
+def test_a_band_never_holds_a_negative_time(tmp_path: Path) -> None:
+    """The step-to-step variation widens the band as a ratio, [low / (1 + u), high (1 + u)]:
+    subtracted (low - u x projected), it made every 100 us step's band start below zero."""
+    events = []
+    for n, (cs, ce) in VARIED.items():
+        events += [x(f"ProfilerStep#{n}", cs, ce - cs, cat="user_annotation"),
+                   x("cudaLaunchKernel", cs + 10, 5, cat="cuda_runtime", correlation=n),
+                   x("volta_sgemm_128x64_nn", cs + 20, ce - cs - 30, cat="kernel", pid=0,
+                     tid=7, device=0, stream=7, correlation=n)]
+    s = tmp_path / "store"
+    trace = write(tmp_path / "rank0.json", kineto_text(events, rank=0))
+    assert ingest([trace], Options(store=s, job="j"))[0].status == "ingested"
+    code, out, err = run("replay", s, "--json")
+    assert code == 0, err
+    durs = [(ce - cs) * 1000 for cs, ce in VARIED.values()]
+    u = statistics.stdev(durs) / statistics.mean(durs)
+    assert u > 1
+    got = [(r["step"], r["measured_step_ns"], r["low_ns"], r["high_ns"])
+           for r in json.loads(out)["steps"]]
+    assert [g[:2] for g in got] == list(zip(VARIED, durs, strict=True))
+    for (_, d, low, high) in got:
+        assert 0 < low < d < high
+        assert abs(low - d / (1 + u)) <= 1 and abs(high - d * (1 + u)) <= 1

@@ -29,10 +29,13 @@ SELECT job, rank, step, eid FROM gpu_ops WHERE step IS NOT NULL;
 --   not tiled: 'span' (an annotation instance: its CPU start or first GPU op, whichever is
 --   first, to its latest end, CPU or GPU) or 'window' (the time window itself).
 -- tiled: step_marks.tiled (FALSE for --annotation / --window windows).
--- start_ns, end_ns, dur_ns: the tile. The first step starts at its earliest event (CPU
---   annotation or GPU op), every later one at its start on `side` (profiler_steps.gpu_first_ns,
---   or cpu_start_ns when the step has no GPU op), never before the previous step's start;
---   each step ends where the next one starts, the last at its latest event, CPU or GPU.
+-- start_ns, end_ns, dur_ns: the tile. Every step, the first included, starts at its start
+--   on `side`: 'gpu', its first GPU op (profiler_steps.gpu_first_ns, or cpu_start_ns when
+--   the step has no GPU op); 'cpu', its CPU annotation's start (cpu_start_ns). So all of a
+--   rank's boundaries are on one clock (a first step from its CPU start to the next step's
+--   first GPU op would add the CPU's lead over the GPU to it). Never before the previous
+--   step's start; each step ends where the next one starts, the last at its latest event,
+--   CPU or GPU.
 --   dur_ns is the iteration period: what a wall clock around the training loop measures.
 -- start_eid: the event whose start is start_ns before the never-before-the-previous clamp
 --   (the CPU annotation or the GPU op); the replay projects the same point.
@@ -58,15 +61,13 @@ raw AS (
                      WHEN NOT p.tiled THEN 'span'
                      WHEN s.gpu_lags THEN 'gpu' ELSE 'cpu' END AS side,
            CASE WHEN p.window_start_ns IS NOT NULL THEN p.window_start_ns
-                WHEN (p.i = 1 OR NOT p.tiled) AND p.gpu_first_ns < p.cpu_start_ns
-                    THEN p.gpu_first_ns
-                WHEN p.i = 1 OR NOT p.tiled THEN p.cpu_start_ns
+                WHEN NOT p.tiled AND p.gpu_first_ns < p.cpu_start_ns THEN p.gpu_first_ns
+                WHEN NOT p.tiled THEN p.cpu_start_ns
                 WHEN s.gpu_lags THEN coalesce(p.gpu_first_ns, p.cpu_start_ns)
                 ELSE p.cpu_start_ns END AS raw_start_ns,
            CASE WHEN p.window_start_ns IS NOT NULL THEN NULL
-                WHEN (p.i = 1 OR NOT p.tiled) AND p.gpu_first_ns < p.cpu_start_ns
-                    THEN p.gpu_first_eid
-                WHEN p.i = 1 OR NOT p.tiled THEN p.eid
+                WHEN NOT p.tiled AND p.gpu_first_ns < p.cpu_start_ns THEN p.gpu_first_eid
+                WHEN NOT p.tiled THEN p.eid
                 WHEN s.gpu_lags THEN coalesce(p.gpu_first_eid, p.eid)
                 ELSE p.eid END AS start_eid
     FROM p JOIN side s USING (job, rank)),
@@ -101,7 +102,13 @@ CROSS JOIN LATERAL (SELECT CASE
 
 -- @view job_steps: the job-wide step: iteration N as the whole job ran it (one row per job
 --   and step). Times on the ranks' recorded clocks (ranks of one host share one; across
---   hosts NTP keeps them within tens of microseconds).
+--   hosts NTP keeps them within tens of microseconds). When some ProfilerStep's ranks
+--   started it more than a step apart (the job's median of mean_rank_dur_ns: ranks that
+--   synchronise every step start it within one), the ranks' clocks
+--   disagree (hosts without NTP, or traces of different runs put together: days apart on
+--   generated ones), the latest-rank boundaries mix clocks, and every step of the job is
+--   incomplete, 'clocks_disagree' (tracetool.analysis.collectives warns, with the offsets
+--   of rank_clock_offsets). Each rank's own steps (steps) stand: one clock each.
 -- job, step. n_ranks: ranks that have the step. tiled: the ranks' steps are (steps.tiled).
 -- start_ns, end_ns, dur_ns: the tile. Iteration N is done when the last rank has started
 --   iteration N + 1, so the boundary between two job steps is the latest of the ranks'
@@ -109,12 +116,14 @@ CROSS JOIN LATERAL (SELECT CASE
 --   last ends at the latest rank's end. Job steps tile the job's span like steps tile a
 --   rank's. This is what `tracetool replay` calls the measured step.
 -- mean_rank_dur_ns: mean over the ranks of steps.dur_ns (what step_breakdown splits).
--- complete, incomplete_reason: FALSE when any rank's step is incomplete (its reason; 'open'
---   before 'cut' before 'not_on_all_ranks').
+-- complete, incomplete_reason: FALSE when the job's clocks disagree ('clocks_disagree',
+--   above) or any rank's step is incomplete (its reason; 'open' before 'cut' before
+--   'not_on_all_ranks').
+-- start_spread_ns: the latest rank's start of the step minus the earliest's.
 -- Windows that are not tiled (steps.tiled FALSE) are not tiled here either: each spans the
 --   earliest rank's start to the latest rank's end.
 CREATE OR REPLACE VIEW job_steps WITH (DEFER_BINDING) AS
-WITH s AS (
+WITH s AS MATERIALIZED (  -- read by the tiling and the clock check: steps computed once
     SELECT job, step, count(*) AS n_ranks, min(start_ns) AS first_start_ns,
            max(start_ns) AS last_start_ns, max(end_ns) AS last_end_ns,
            avg(dur_ns) AS mean_rank_dur_ns, bool_and(complete) AS complete,
@@ -135,8 +144,16 @@ ended AS (
     SELECT *, CASE WHEN tiled THEN coalesce(lead(start_ns) OVER (PARTITION BY job ORDER BY step),
                                             greatest(start_ns, last_end_ns))
                    ELSE greatest(start_ns, last_end_ns) END AS end_ns
-    FROM clamped)
+    FROM clamped),
+clocks AS (  -- a job whose ranks started some ProfilerStep more than a step apart
+    SELECT job, coalesce(bool_or(tiled AND last_start_ns - first_start_ns > m), FALSE) AS apart
+    FROM (SELECT job, tiled, first_start_ns, last_start_ns,
+                 median(mean_rank_dur_ns) OVER (PARTITION BY job) AS m FROM s)
+    GROUP BY job)
 SELECT job, step, n_ranks, tiled, start_ns, end_ns, end_ns - start_ns AS dur_ns,
-       mean_rank_dur_ns, complete,
-       ['open', 'cut', 'not_on_all_ranks'][reason_code] AS incomplete_reason
-FROM ended;
+       mean_rank_dur_ns, complete AND NOT c.apart AS complete,
+       CASE WHEN c.apart THEN 'clocks_disagree'
+            ELSE ['open', 'cut', 'not_on_all_ranks'][reason_code] END AS incomplete_reason,
+       last_start_ns - first_start_ns AS start_spread_ns
+FROM ended JOIN clocks c USING (job)
+ORDER BY job, step;

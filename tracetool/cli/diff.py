@@ -12,6 +12,7 @@ import duckdb
 
 from tracetool.analysis.connect import open_job
 from tracetool.analysis.diff import (
+    METRICS,
     MetricUnavailable,
     Threshold,
     check,
@@ -23,9 +24,20 @@ from tracetool.cli._errors import fail_line
 from tracetool.cli._store import store_arg
 from tracetool.errors import StoreError
 
+_HELP = """Compare job A (STORE_A, the baseline) with job B (STORE_B): per CPU op and per GPU
+kernel/copy, the change of count, total and mean time (largest change of total time first),
+and three per-step metrics over the complete steps (docs/steps.md):
+
+{metrics}
+
+Exit code 0, or 1 when a --fail-if threshold is crossed (each printed on stderr) or a store
+cannot be read; 2 for a malformed --fail-if expression."""
+
 
 @click.command("diff", short_help="Compare two stores: per-op and per-kernel changes, "
-                                       "regression gates.")
+                                       "regression gates.",
+               # the metrics as analysis.diff defines them: one text, not a second copy
+               help=_HELP.format(metrics="\n\n".join(f"{k}: {v}." for k, v in METRICS.items())))
 @click.argument("store_a", type=store_arg())
 @click.argument("store_b", type=store_arg())
 @click.option("--job-a", help="Job of STORE_A (needed when it holds several).")
@@ -39,18 +51,7 @@ from tracetool.errors import StoreError
               help="Rows of each per-name table (0: all).")
 def diff_command(store_a: Path | str, store_b: Path | str, job_a: str | None, job_b: str | None,
                  fail_if: tuple[str, ...], as_json: bool, top: int) -> None:
-    """Compare job A (STORE_A, the baseline) with job B (STORE_B): per CPU op and per GPU
-    kernel/copy, the change of count, total and mean time (largest change of total time
-    first), and three per-step metrics, medians over the (rank, step) pairs of complete
-    ProfilerSteps:
-
-    \b
-      step_time    step duration (CPU start to the end of its GPU work)
-      kernel_time  compute-kernel time launched in the step (comm kernels excluded)
-      comm_time    time with communication running in the step
-
-    Exit code 0, or 1 when a --fail-if threshold is crossed (each printed on stderr) or a
-    store cannot be read; 2 for a malformed --fail-if expression."""
+    """The diff command (its help is _HELP, with analysis.diff.METRICS)."""
     try:
         thresholds = [Threshold.parse(t) for t in fail_if]
     except ValueError as err:

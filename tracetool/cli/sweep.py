@@ -11,7 +11,7 @@ import duckdb
 
 from tracetool.analysis.collectives import warn_collectives
 from tracetool.analysis.connect import open_job
-from tracetool.analysis.windows import use_windows
+from tracetool.analysis.windows import no_complete_steps, use_windows
 from tracetool.cli._errors import fail_for
 from tracetool.cli._job import windows_of
 from tracetool.cli._store import store_arg
@@ -82,6 +82,9 @@ def sweep_command(store: Path, job: str | None, source_gpu: str | None,
         start_compiler()
         con, job = open_job(store, job)
         use_windows(con, job, windows)
+        if not include_incomplete and (left_out := no_complete_steps(con, job)):
+            warn_collectives(con, job)  # why, when it is the clocks
+            raise click.ClickException(f"{store}: {left_out}")
         replayer = Replayer.from_store(con, job, bounds)
         base = base_scenario(replayer, source_gpu, source_network, speedups, gpu_clock,
                              power_cap)
