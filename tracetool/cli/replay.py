@@ -66,8 +66,8 @@ def scenario_options(fn: Callable) -> Callable:
         click.option("--source-gpu", help=f"GPU the trace ran on: {GPU_HELP} (default: "
                                           "deviceProperties)."),
         click.option("--source-network", help="Network the trace ran on: key=value,... or a "
-                     "TOML file (default: the source GPU's usual cluster; required for CPU "
-                     "traces)."),
+                     "TOML file, values as for replay --network (default: the source GPU's "
+                     "usual cluster; required for CPU traces)."),
         click.option("--speedup", "speedups", multiple=True,
                      help="Divide matching GPU op times: CATEGORY=F (one of "
                           f"{', '.join(CATEGORIES)}; case-insensitive) or name~REGEX=F, "
@@ -79,7 +79,8 @@ def scenario_options(fn: Callable) -> Callable:
                      "have run at max boost. Compute-bound kernels scale with it; memory-bound "
                      "ones, communication and CPU work do not."),
         click.option("--power-cap", help="Cap the GPU's board power (the --gpu target, else "
-                     "the trace's): watts (300, 300W) or a fraction of its TDP (0.7, 70%); "
+                     "the trace's): watts (300, 300W) or a fraction of its TDP (0.7, 70%), "
+                     "at least its minimum power limit; "
                      "the clock it sustains comes from P = P_static + k f^3 (replay/clocks.py)."),
         click.option("--include-incomplete", is_flag=True,
                      help="Also the incomplete steps (cut by the trace window, open, or "
