@@ -52,12 +52,16 @@ class Windows:
 
 
 def parse_time(text: str) -> int:
-    """'250ms' -> 250000000 (ns); units ns, us, ms, s."""
+    """'250ms' -> 250000000 (ns); units ns, us, ms, s; at most 2^63-1 ns (a BIGINT, ~292
+    years: a longer one overflows)."""
     m = _TIME.match(text)
     if not m:
         raise WindowError(f"bad time {text!r}: use a number and a unit (ns, us, ms, s), "
                           "e.g. 250ms")
-    return round(float(m.group(1)) * _UNITS_NS[m.group(2)])
+    ns = float(m.group(1)) * _UNITS_NS[m.group(2)]
+    if not ns < 2**63:  # inf for a number of 400 digits
+        raise WindowError(f"bad time {text[:40]!r}: at most {2**63 - 1} ns")
+    return round(ns)
 
 
 def parse_window(text: str) -> tuple[int, int]:

@@ -1,5 +1,7 @@
 """Hostile inputs against `tracetool ingest`: each must end in seconds, bounded in memory
-and disk, with a one-line error or a correct store (issue 12's reproducers).
+and disk, with a one-line error or a correct store (issue 12's reproducers); and hostile
+option values (issue 32): small command lines that once built a 10^11-rank list, a world of
+10^12 x 2 ranks or 100,000 worker processes, each now one line (or a capped run) at once.
 
 Why: the budgets (--tmp-budget, --max-event-bytes, the preamble bound) are promises about
 time, RSS and disk that only a real run on a real bomb can check; too slow and too big for
@@ -9,7 +11,10 @@ of the largest process (wait4), the peak summed RSS of the process tree (sampled
 peak size of ``STORE/.tmp`` (sampled), next to a normal trace of similar input size as the
 baseline, in the same run.
 
-    python benchmarks/bombs.py [--only gzip_events] [--json]
+The option values run against a store of the 2-rank gloo sample built once in the same
+directory (``cli_*`` cases; the default runs both kinds).
+
+    python benchmarks/bombs.py [--only gzip_events] [--only cli_ranks_range] [--json]
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import subprocess
 import sys
 import tempfile
 import threading
@@ -100,6 +106,56 @@ CASES: dict[str, tuple[str, Callable[[Path], None]]] = {
 }
 
 
+SAMPLE = HERE.parent / "sample_traces" / "ddp_gloo_2rank"
+GLOO = ["--source-network", "gpus_per_node=1,inter_node_bw=1Gbit/s"]
+# option values: (command, its arguments after the store; "{new}" is a fresh store directory)
+CLI_CASES: dict[str, tuple[str, list[str]]] = {
+    "cli_ranks_range": ("replay", [*GLOO, "--ranks", "0-99999999999"]),
+    "cli_ranks_2e31": ("replay", [*GLOO, "--ranks", "0-2147483647"]),
+    "cli_dp_scale": ("replay", [*GLOO, "--dp-scale", "1000000000000"]),
+    "cli_dp_scale_job": ("replay", [*GLOO, "--dp-scale", "100000"]),
+    "cli_gpus_per_node": ("replay", [*GLOO, "--network", "gpus_per_node=1e30"]),
+    "cli_bw_overflow": ("replay", [*GLOO, "--network", "inter_node_bw=1e400Gbit/s"]),
+    "cli_latency_overflow": ("replay", [*GLOO, "--network", "inter_node_latency=1e400s"]),
+    "cli_window_overflow": ("replay", [*GLOO, "--window", "0ms:" + "9" * 5000 + "ms"]),
+    "cli_sweep_two_keys": ("sweep", [*GLOO, "--network",
+                                     "gpus_per_node=1,inter_node_bw=1,10,100Gbit/s",
+                                     "--out", "{new}"]),
+    "cli_workers": ("ingest", ["--workers", "100000"]),
+}
+
+
+def _cli_store() -> Path:
+    store = WORK / "cli_store"
+    if not store.exists():
+        WORK.mkdir(parents=True, exist_ok=True)
+        tmp = WORK / "cli_store.part"
+        shutil.rmtree(tmp, ignore_errors=True)
+        subprocess.run([sys.executable, "-m", "tracetool", "ingest", str(SAMPLE), "--store",
+                        str(tmp), "--workers", "1"], check=True, capture_output=True)
+        tmp.rename(store)
+    return store
+
+
+def run_cli_case(name: str) -> dict:
+    command, args = CLI_CASES[name]
+    WORK.mkdir(parents=True, exist_ok=True)
+    new = Path(tempfile.mkdtemp(prefix="cli-", dir=WORK)) / "out"
+    args = [a.replace("{new}", str(new)) for a in args]
+    if command == "ingest":  # into a fresh store: the workers really start
+        argv = ["ingest", str(SAMPLE), "--store", str(new), *args]
+    else:
+        argv = [command, str(_cli_store()), *args]
+    try:
+        r = hta_baseline.run_measured([sys.executable, "-m", "tracetool", *argv], timeout=600)
+    finally:
+        shutil.rmtree(new.parent, ignore_errors=True)
+    lines = (r.stdout + r.stderr).strip().splitlines()
+    return {"case": name, "input_MB": 0.0, "exit": r.returncode, "seconds": round(r.seconds, 2),
+            "max_process_rss_MB": round(r.maxrss_mb), "tree_rss_MB": round(r.tree_peak_rss_mb),
+            "tmp_peak_MB": 0, "outcome": lines[-1][:160] if lines else ""}
+
+
 def _input(name: str) -> Path:
     file_name, make = CASES[name]
     path = WORK / file_name
@@ -141,10 +197,11 @@ def run_case(name: str) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--only", choices=list(CASES), action="append")
+    ap.add_argument("--only", choices=[*CASES, *CLI_CASES], action="append")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
-    rows = [run_case(n) for n in (args.only or list(CASES))]
+    rows = [run_cli_case(n) if n in CLI_CASES else run_case(n)
+            for n in (args.only or [*CASES, *CLI_CASES])]
     if args.json:
         print(json.dumps(rows, indent=1))
         return 0

@@ -22,7 +22,7 @@ import duckdb
 import pyarrow as pa
 
 from tracetool import __version__
-from tracetool.schema import TRACE_FILES
+from tracetool.schema import MAX_RANK, TRACE_FILES
 from tracetool.signals import raise_if_interrupted
 from tracetool.text import path_text
 
@@ -30,7 +30,6 @@ from . import derive as derive_mod
 from .budget import BudgetExceeded, TmpBudget, default_budget
 from .decode import Issue, PieceResult, issues_table
 from .metadata import (
-    MAX_RANK,
     base_time_ns,
     distributed_rank,
     parse_members,

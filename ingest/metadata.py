@@ -11,7 +11,6 @@ import msgspec
 from .decode import _repair, repair_utf8
 
 _decoder = msgspec.json.Decoder()
-MAX_RANK = 2**31 - 1  # the store's rank column is an INTEGER (the hive partition rank=N)
 RANK_IN_NAME = re.compile(r"(?:^|[^a-z0-9])(?:rank|worker)[-_]?(\d+)", re.IGNORECASE)
 KEY_VALUE = re.compile(
     rb'"(baseTimeNanoseconds|traceName|displayTimeUnit|schemaVersion)"\s*:\s*'

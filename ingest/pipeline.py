@@ -30,7 +30,7 @@ from .packs import refresh_pack
 from .shard import Stage, shard_files
 from .source import is_gzip
 from .store import JOB_NAME, MAX_JOB_NAME, ObjectStoreWriter, Store, StoredFile, open_store
-from .workers import Workers
+from .workers import Workers, capped_workers
 
 __all__ = ["FileResult", "Options", "UsageProblem", "ingest"]
 
@@ -159,7 +159,8 @@ def ingest(
     on_note: Callable[[str], None] | None = None,
 ) -> list[FileResult]:
     """Ingest files and directories as the ranks of one job; one result per file.
-    ``on_note``: told what concerns the job rather than a file (a pack left stale)."""
+    ``on_note``: told what concerns the job rather than a file (a pack left stale, --workers
+    capped: ``capped_workers``)."""
     files, results = expand_inputs(paths, opts.recursive)
     for r in results:
         if on_result:
@@ -191,7 +192,10 @@ def ingest(
     with store.lock():
         store.reclaim()  # work files of dead ingests on this host
     stored = store.stored_files()
-    workers = Workers(1 if opts.executor == "ray" else opts.workers or os.cpu_count() or 1)
+    n_workers, capped = capped_workers(opts.workers or os.cpu_count() or 1)
+    if capped and opts.executor != "ray" and on_note:
+        on_note(capped)
+    workers = Workers(1 if opts.executor == "ray" else n_workers)
     committed: dict[int, str] = {}
     workdirs: list[Path] = []  # removed at the end whatever happens (an error, Ctrl-C)
     stage: Stage | None = None

@@ -76,6 +76,23 @@ def decode_to_parts(piece: Piece, stage: str, part: int) -> PieceResult:
     return res
 
 
+# decoding is CPU-bound: past this many processes per core, more only add memory, start-up
+# and DuckDB threads (the derivation stage's thread count follows the workers), so a larger
+# --workers is capped here, with a warning
+WORKERS_PER_CORE = 4
+
+
+def capped_workers(asked: int, cores: int | None = None) -> tuple[int, str | None]:
+    """(the worker count to run, a note when ``asked`` was capped at WORKERS_PER_CORE x the
+    machine's cores)."""
+    cores = cores or os.cpu_count() or 1
+    cap = WORKERS_PER_CORE * cores
+    if asked <= cap:
+        return asked, None
+    return cap, (f"--workers {asked}: capped at {cap} ({WORKERS_PER_CORE} per core on "
+                 f"{cores} cores)")
+
+
 _PR_SET_PDEATHSIG = 1
 _IN_WORKER = False  # set in pool workers (_worker_init)
 

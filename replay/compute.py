@@ -158,18 +158,24 @@ class Speedup:
         return category == self.category
 
 
+# the factors a --speedup may give: a slowdown past 1/1000 would carry a step's times past
+# what a float holds exactly as integer ns (and to inf), a speedup past 1000 is a kernel gone
+SPEEDUP_RANGE = (1e-3, 1e3)
+
+
 def parse_speedup(text: str) -> Speedup:
     """``CATEGORY=F`` (one of ``CATEGORIES``, case-insensitive: ``GEMM`` is ``gemm``) or
-    ``name~REGEX=F`` (searched in GPU op names, case-insensitive); F > 0. Raises
-    ``WhatIfError`` on anything else, an unknown category included."""
+    ``name~REGEX=F`` (searched in GPU op names, case-insensitive); F in SPEEDUP_RANGE.
+    Raises ``WhatIfError`` on anything else, an unknown category included."""
     key, sep, value = text.rpartition("=")
     try:
         factor = float(value)
     except ValueError:
-        factor = -1.0
-    if not sep or factor <= 0 or not math.isfinite(factor):
+        factor = math.nan
+    lo, hi = SPEEDUP_RANGE
+    if not sep or not lo <= factor <= hi:
         raise WhatIfError(f"bad speedup {text!r}: use CATEGORY=FACTOR or name~REGEX=FACTOR "
-                          "with FACTOR > 0 (e.g. gemm=1.5, name~flash=2)")
+                          f"with FACTOR from {lo:g} to {hi:g} (e.g. gemm=1.5, name~flash=2)")
     if factor == 1:
         raise WhatIfError(f"bad speedup {text!r}: a factor of 1 changes nothing")
     key = key.strip()

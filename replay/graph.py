@@ -53,6 +53,7 @@ import pyarrow as pa
 from tracetool.analysis.collectives import missing_ranks_note
 from tracetool.errors import InputError
 from tracetool.graph import CLASSES, KIND_NAMES
+from tracetool.schema import MAX_RANK, MAX_STEP
 
 # roles of an edge in the replay: what a scenario may change about it
 FIXED, OP_DURATION, COMM_DURATION, TRANSFER, ARRIVAL = range(5)
@@ -71,13 +72,41 @@ class NoSuchSteps(InputError):
     """A --steps range (or --step) with no ProfilerStep of the job in it."""
 
 
+
+
+@dataclass(frozen=True)
+class RankRanges:
+    """``--ranks`` as the inclusive ranges it names, sorted and merged: never expanded into
+    a list before they are checked against the job's ranks (``0-99999999999`` names 10^11
+    ranks; the job has a few), so a huge range costs nothing."""
+
+    ranges: tuple[tuple[int, int], ...]
+
+    def pick(self, have: list[int]) -> tuple[tuple[int, ...], list[tuple[int, int]]]:
+        """(the ranks of ``have`` (sorted) inside the ranges, the ranges' parts that are
+        not in ``have``)."""
+        inside = tuple(r for r in have if any(a <= r <= b for a, b in self.ranges))
+        missing, pos = [], 0
+        for a, b in self.ranges:
+            nxt = a
+            while pos < len(inside) and inside[pos] <= b:
+                if inside[pos] > nxt:
+                    missing.append((nxt, inside[pos] - 1))
+                nxt = inside[pos] + 1
+                pos += 1
+            if nxt <= b:
+                missing.append((nxt, b))
+        return inside, missing
+
+
 @dataclass(frozen=True)
 class Bounds:
     """The part of a job a replay reads: ProfilerSteps ``steps`` (first, last; inclusive)
-    and ``ranks`` (sorted), None meaning all."""
+    and ``ranks`` (sorted, or ``RankRanges`` / 'replica' until ``resolve_ranks``), None
+    meaning all."""
 
     steps: tuple[int, int] | None = None
-    ranks: tuple[int, ...] | None = None
+    ranks: tuple[int, ...] | RankRanges | str | None = None
 
     @property
     def bounded(self) -> bool:
@@ -85,24 +114,28 @@ class Bounds:
 
 
 def parse_steps(text: str) -> tuple[int, int]:
-    """'A:B' (or 'N') -> (A, B), InputError for anything else or A > B."""
+    """'A:B' (or 'N') -> (A, B), ProfilerStep numbers 0 <= A <= B <= MAX_STEP; InputError
+    for anything else."""
     a, sep, b = text.strip().partition(":")
     try:
         first, last = int(a), int(b if sep else a)
     except ValueError:
         raise InputError(f"bad --steps {text!r}: give A:B (ProfilerStep numbers, e.g. "
                          "3:5) or N") from None
+    if not 0 <= first <= MAX_STEP or not 0 <= last <= MAX_STEP:
+        raise InputError(f"bad --steps {text!r}: ProfilerStep numbers are 0 to {MAX_STEP}")
     if first > last:
         raise InputError(f"bad --steps {text!r}: the first step {first} is after the "
                          f"last {last}")
     return first, last
 
 
-def parse_ranks(text: str) -> tuple[int, ...] | str:
-    """'0,2-5' -> (0, 2, 3, 4, 5); 'replica' stays a word (``resolve_ranks``)."""
+def parse_ranks(text: str) -> RankRanges | str:
+    """'0,2-5' -> RankRanges(((0, 0), (2, 5))), ranks 0 to MAX_RANK; 'replica' stays a word
+    (``resolve_ranks``). InputError for anything else."""
     if text.strip().lower() == "replica":
         return "replica"
-    out: set[int] = set()
+    ranges: list[tuple[int, int]] = []
     for part in (p.strip() for p in text.split(",")):
         lo, dash, hi = part.partition("-")
         try:
@@ -112,23 +145,38 @@ def parse_ranks(text: str) -> tuple[int, ...] | str:
                              "'replica'") from None
         if a > b or a < 0:
             raise InputError(f"bad --ranks {text!r}: range {part!r} is empty")
-        out.update(range(a, b + 1))
-    return tuple(sorted(out))
+        if b > MAX_RANK:
+            raise InputError(f"bad --ranks {text!r}: ranks are 0 to {MAX_RANK}")
+        ranges.append((a, b))
+    merged: list[tuple[int, int]] = []
+    for a, b in sorted(ranges):
+        if merged and a <= merged[-1][1] + 1:
+            merged[-1] = (merged[-1][0], max(b, merged[-1][1]))
+        else:
+            merged.append((a, b))
+    return RankRanges(tuple(merged))
 
 
-def resolve_ranks(con: duckdb.DuckDBPyConnection, job: str, ranks: tuple[int, ...] | str
-                  ) -> tuple[int, ...]:
+def job_ranks(con: duckdb.DuckDBPyConnection, job: str) -> list[int]:
+    """The job's ranks, sorted (from trace_files: no event is read)."""
+    return [r for (r,) in con.execute(
+        "SELECT DISTINCT rank FROM trace_files WHERE job = ? ORDER BY 1", [job]).fetchall()]
+
+
+def resolve_ranks(con: duckdb.DuckDBPyConnection, job: str,
+                  ranks: tuple[int, ...] | RankRanges | str) -> tuple[int, ...]:
     """The ranks ``--ranks`` names, checked against the job's (InputError naming the
     missing ones); 'replica': one data-parallel replica (``replica_ranks``)."""
-    have = [r for (r,) in con.execute(
-        "SELECT DISTINCT rank FROM trace_files WHERE job = ? ORDER BY 1", [job]).fetchall()]
+    have = job_ranks(con, job)
     if ranks == "replica":
         return replica_ranks(con, job, have)
-    missing = sorted(set(ranks) - set(have))
+    if not isinstance(ranks, RankRanges):
+        ranks = RankRanges(tuple((r, r) for r in sorted(set(ranks))))
+    inside, missing = ranks.pick(have)
     if missing:
-        raise InputError(f"--ranks: job {job} has no rank {', '.join(map(str, missing))} "
-                         f"(ranks: {_ranges(have)})")
-    return tuple(ranks)
+        gaps = ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in missing)
+        raise InputError(f"--ranks: job {job} has no rank {gaps} (ranks: {_ranges(have)})")
+    return inside
 
 
 def replica_ranks(con: duckdb.DuckDBPyConnection, job: str, have: list[int]

@@ -49,7 +49,18 @@ from .graph import (
     parse_shapes,
 )
 from .hardware import Gpu, catalog, describe_catalog, find_gpu, lookup_gpu
-from .network import KINDS, Network, added_latency, collective_time, default_network
+from .network import (
+    KINDS,
+    MAX_WORLD,
+    Network,
+    added_latency,
+    collective_time,
+    default_network,
+)
+
+# gloo's ring allreduce is simulated segment by segment (transport.py), quadratic in its
+# ranks: --dp-scale projects a CPU (gloo) job onto at most this many
+MAX_GLOO_WORLD = 1024
 
 
 @dataclass(frozen=True)
@@ -126,12 +137,31 @@ def check_speedups(graph: ReplayGraph, speedups: tuple[Speedup, ...] | list[Spee
                           f"{s.category!r}" + ("" if n else " (it has no GPU ops)"))
 
 
+def check_dp_scale(world: int, k: int, gloo: bool = False) -> None:
+    """``WhatIfError`` unless ``--dp-scale k`` projects a job of ``world`` ranks onto at
+    most MAX_WORLD ranks (MAX_GLOO_WORLD for a CPU job's gloo collectives): the collectives
+    are priced over every projected rank, so a larger k would only exhaust memory or time."""
+    cap = MAX_GLOO_WORLD if gloo else MAX_WORLD
+    if k < 1 or world * k > cap:
+        what = "a CPU (gloo) job" if gloo else "a job"
+        raise WhatIfError(f"--dp-scale {k}: give 1 to {max(1, cap // max(world, 1))}: {what} "
+                          f"of {world} ranks is projected onto at most {cap} ranks")
+
+
+def world_size(graph: ReplayGraph) -> int:
+    """The ranks the job's collectives span: its ranks, or more when a group names ranks
+    the trace does not have."""
+    return max([len(graph.ranks)] + [max(g) + 1 for g in graph.insts["group_ranks"] if g])
+
+
 def check_scenario(graph: ReplayGraph, scenario: Scenario) -> None:
     """``WhatIfError`` for a what-if that would change nothing the job ran, whoever asks
     (CLI or Python): a speedup matching no GPU op, a GPU, clock or power cap on a job with no
-    GPU op; and for a clock outside the GPU's documented range or a power cap below its
-    minimum limit."""
+    GPU op; and for a clock outside the GPU's documented range, a power cap below its
+    minimum limit or a --dp-scale past the ranks the model prices (``check_dp_scale``)."""
     check_speedups(graph, scenario.speedups)
+    if scenario.dp_scale != 1:
+        check_dp_scale(world_size(graph), scenario.dp_scale, gloo=not len(graph.ops["dur"]))
     if scenario.gpu is not None and not len(graph.ops["dur"]):
         raise WhatIfError(f"GPU {scenario.gpu.name!r}: job {graph.job} has no GPU ops (a "
                           "CPU job), so a GPU changes nothing; change its network instead")
@@ -418,10 +448,12 @@ def collective_factors(graph: ReplayGraph, scenario: Scenario
                              "inter_node_bw=1Gbit/s)")
         return k, model_ns, notes, costs
     dp = _dp_groups(graph) if scenario.dp_scale != 1 else np.zeros(n, dtype=bool)
-    world = max([len(graph.ranks)] + [max(g) + 1 for g in insts["group_ranks"] if g])
+    world = world_size(graph)
+    backend = "nccl" if len(graph.ops["dur"]) else "gloo"  # a CPU job's collectives: gloo
+    if scenario.dp_scale != 1:  # before the projected groups are built: they are world x k
+        check_dp_scale(world, scenario.dp_scale, gloo=backend == "gloo")
     src, dst, size_notes = unknown_size_networks(graph, scenario, src, dst)
     cache: dict[tuple, tuple[float, float, float, float]] = {}
-    backend = "nccl" if len(graph.ops["dur"]) else "gloo"  # a CPU job's collectives: gloo
     sharing = 1 + overlap_share(graph)
     idle = idle_before(graph) if backend == "gloo" else np.zeros(n)
     guessed = 0

@@ -36,6 +36,8 @@ from dataclasses import dataclass, fields, replace
 
 import numpy as np
 
+from tracetool.errors import InputError
+
 from .hardware import Gpu
 from .transport import gloo_time
 
@@ -54,34 +56,85 @@ P2P_PER_BATCH = 8  # peers NCCL moves at once (src/include/device.h NCCL_MAX_DEV
 
 _BW_UNITS = {"b/s": 1, "bps": 1 / 8, "bit/s": 1 / 8, "kb/s": 1e3, "kbit/s": 1e3 / 8,
              "mb/s": 1e6, "mbit/s": 1e6 / 8, "mbps": 1e6 / 8, "gb/s": 1e9, "gbit/s": 1e9 / 8,
-             "gbps": 1e9 / 8, "tb/s": 1e12, "tbit/s": 1e12 / 8}
+             "gbps": 1e9 / 8, "tb/s": 1e12, "tbit/s": 1e12 / 8, "pb/s": 1e15,
+             "pbit/s": 1e15 / 8}
 _TIME_UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "ns": 1e-9}
 _NUM = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:e[-+]?\d+)?)\s*([a-zµ/]*)\s*$", re.IGNORECASE)
 
+# The ranges a network spec's values must lie in (README "replay"; beyond them a value is a
+# typo or an overflow, 1e400 being inf, and the costs it gives are not times): bandwidths
+# from 1 Mbit/s to 1 Pbit/s, or 'inf' (given as the word); latencies from 0 to 10 s; ranks
+# per node or datacenter from 1 to MAX_WORLD, also the most ranks a projection prices
+# (``--dp-scale``'s projected job, model.check_dp_scale).
+MIN_BW, MAX_BW = 1e6 / 8, 1e15 / 8  # bytes/s
+MAX_LATENCY = 10.0  # s
+MAX_WORLD = 131_072
+COUNT_KEYS = ("gpus_per_node", "ranks_per_dc")  # whole numbers, no unit
+
 
 def parse_bandwidth(text: str | float) -> float:
-    """'400Gbit/s', '50GB/s', '25Gbps', 'inf' -> bytes/s ('b' is bits only in bit/bps)."""
-    if isinstance(text, int | float):
-        return float(text)
-    if text.strip().lower() in ("inf", "infinite"):
+    """'400Gbit/s', '50GB/s', '25Gbps', 'inf' -> bytes/s ('b' is bits only in bit/bps); a
+    number is bytes/s. InputError outside 1 Mbit/s..1 Pbit/s (but for 'inf')."""
+    if isinstance(text, str) and text.strip().lower() in ("inf", "infinite"):
         return math.inf
-    m = _NUM.match(text)
-    unit = m.group(2).lower() if m else ""
-    if not m or unit not in _BW_UNITS:
-        raise ValueError(f"bad bandwidth {text!r}: use a number and a unit like 400Gbit/s, "
+    if isinstance(text, bool) or not isinstance(text, int | float | str):
+        raise InputError(f"bad bandwidth {text!r}: use a number and a unit like 400Gbit/s, "
                          "50GB/s or 25Gbps")
-    return float(m.group(1)) * _BW_UNITS[unit]
+    if isinstance(text, str):
+        m = _NUM.match(text)
+        unit = m.group(2).lower() if m else ""
+        if not m or unit not in _BW_UNITS:
+            raise InputError(f"bad bandwidth {text!r}: use a number and a unit like 400Gbit/s, "
+                             "50GB/s or 25Gbps")
+        value = float(m.group(1)) * _BW_UNITS[unit]
+    else:
+        value = float(text)
+    if not MIN_BW <= value <= MAX_BW:  # NaN too
+        raise InputError(f"bad bandwidth {text!r}: give 1Mbit/s to 1Pbit/s, or inf")
+    return value
 
 
 def parse_time(text: str | float) -> float:
-    """'5us', '10ms', '936ns', '0' -> seconds."""
-    if isinstance(text, int | float):
-        return float(text)
-    m = _NUM.match(text)
-    unit = (m.group(2).lower() or "s") if m else ""
-    if not m or unit not in _TIME_UNITS:
-        raise ValueError(f"bad time {text!r}: use a number and a unit like 5us or 10ms")
-    return float(m.group(1)) * _TIME_UNITS[unit]
+    """'5us', '10ms', '936ns', '0' -> seconds (a number: seconds); InputError outside 0..10 s."""
+    if isinstance(text, bool) or not isinstance(text, int | float | str):
+        raise InputError(f"bad time {text!r}: use a number and a unit like 5us or 10ms")
+    if isinstance(text, str):
+        m = _NUM.match(text)
+        unit = (m.group(2).lower() or "s") if m else ""
+        if not m or unit not in _TIME_UNITS:
+            raise InputError(f"bad time {text!r}: use a number and a unit like 5us or 10ms")
+        value = float(m.group(1)) * _TIME_UNITS[unit]
+    else:
+        value = float(text)
+    if not 0 <= value <= MAX_LATENCY:  # NaN too
+        raise InputError(f"bad time {text!r}: give 0 to {MAX_LATENCY:g}s")
+    return value
+
+
+def parse_count(key: str, value: object) -> int:
+    """A spec's ``gpus_per_node`` / ``ranks_per_dc``: a whole number from 1 to MAX_WORLD
+    (InputError otherwise, naming the key)."""
+    n = None
+    if isinstance(value, int) and not isinstance(value, bool):
+        n = value
+    elif isinstance(value, str) and re.fullmatch(r"\s*[0-9]{1,12}\s*", value):
+        n = int(value)
+    if n is None or not 1 <= n <= MAX_WORLD:
+        raise InputError(f"bad {key} {value!r}: give a whole number from 1 to {MAX_WORLD}")
+    return n
+
+
+def parse_setting(key: str, value: object) -> object:
+    """One network spec value, by its key (``_SPEC_KEYS``): a count, a bandwidth or a time,
+    within its range (InputError otherwise, an unknown key included)."""
+    if key not in _SPEC_KEYS:
+        raise InputError(f"unknown network setting(s) {[key]}; known: {sorted(_SPEC_KEYS)}")
+    if key in COUNT_KEYS:
+        return parse_count(key, value)
+    try:
+        return parse_bandwidth(value) if key.endswith("_bw") else parse_time(value)
+    except InputError as err:
+        raise InputError(f"{key}: {err}") from None
 
 
 @dataclass(frozen=True)
@@ -124,41 +177,42 @@ _SPEC_KEYS = {f.name for f in fields(Network)}
 
 def parse_network(spec: str, base: Network | None = None) -> Network:
     """A topology from TOML text or an inline 'key=value,key=value' spec (unset keys keep
-    ``base``'s values)."""
-    base = base or Network()
+    ``base``'s values): ``parse_spec``, and InputError for a datacenter that splits a node."""
+    net = replace(base or Network(), **parse_spec(spec))
+    if net.ranks_per_dc and net.ranks_per_dc % net.gpus_per_node:
+        raise InputError(f"ranks_per_dc={net.ranks_per_dc} splits a node of gpus_per_node="
+                         f"{net.gpus_per_node} across datacenters: give ranks_per_dc as a "
+                         "multiple of gpus_per_node (or set gpus_per_node)")
+    return net
+
+
+def parse_spec(spec: str) -> dict[str, object]:
+    """The settings of a spec (TOML text or inline 'key=value,...'), each value parsed and
+    within its range (``parse_setting``); InputError for a spec that sets nothing, a key
+    given twice or an unknown key. Needs no base: checked before a store is opened."""
     text = spec.strip()
     try:
         items = tomllib.loads(text) if "\n" in text or text.startswith("[") else None
     except tomllib.TOMLDecodeError as err:
-        raise ValueError(f"bad network file: {err}") from None
+        raise InputError(f"bad network file: {err}") from None
     if items is None:
         items = {}
         for part in filter(None, (p.strip() for p in text.split(","))):
             key, sep, value = part.partition("=")
             if not sep:
-                raise ValueError(f"bad network setting {part!r}: use key=value")
+                raise InputError(f"bad network setting {part!r}: use key=value")
+            if key.strip() in items:
+                raise InputError(f"network setting {key.strip()!r} given twice in {spec!r}")
             items[key.strip()] = value.strip()
+    if not items:
+        what = "network file" if "\n" in text else f"network spec {spec!r}"
+        raise InputError(f"{what} sets nothing: give key=value,... (e.g. "
+                         "inter_node_bw=400Gbit/s) or a TOML file")
     unknown = set(items) - _SPEC_KEYS
     if unknown:
-        raise ValueError(f"unknown network setting(s) {sorted(unknown)}; known: "
+        raise InputError(f"unknown network setting(s) {sorted(unknown)}; known: "
                          f"{sorted(_SPEC_KEYS)}")
-    values: dict[str, object] = {}
-    for key, value in items.items():
-        if key in ("gpus_per_node", "ranks_per_dc"):
-            n = int(value)
-            if n < 1:
-                raise ValueError(f"{key} must be >= 1, got {value!r}")
-            values[key] = n
-        elif key.endswith("_bw"):
-            values[key] = parse_bandwidth(value)
-        else:
-            values[key] = parse_time(value)
-    net = replace(base, **values)
-    if net.ranks_per_dc and net.ranks_per_dc % net.gpus_per_node:
-        raise ValueError(f"ranks_per_dc={net.ranks_per_dc} splits a node of gpus_per_node="
-                         f"{net.gpus_per_node} across datacenters: give ranks_per_dc as a "
-                         "multiple of gpus_per_node (or set gpus_per_node)")
-    return net
+    return {key: parse_setting(key, value) for key, value in items.items()}
 
 
 def _steps_time(steps: int, bytes_per_step: float, lat: float, bw: float) -> float:

@@ -13,23 +13,54 @@ from dataclasses import replace
 
 import numpy as np
 
+from tracetool.errors import InputError
+
 from .model import Scenario, resolve_gpu, source_network
-from .network import Network, parse_network
+from .network import COUNT_KEYS, Network, parse_network, parse_setting
 from .run import BREAKDOWN, Replayer
 
 _UNIT = re.compile(r"^[0-9.]+(?:[eE][-+]?[0-9]+)?\s*([a-zA-Zµ/].*)$")
 
 
 def parse_axis(text: str) -> tuple[str, list[str]]:
-    """'inter_node_bw=25,50Gbit/s' -> ('inter_node_bw', ['25Gbit/s', '50Gbit/s'])."""
+    """'inter_node_bw=25,50Gbit/s' -> ('inter_node_bw', ['25Gbit/s', '50Gbit/s']), each
+    value checked as its key's setting (``network.parse_setting``: within its range), none
+    twice; InputError otherwise. One key per axis: 'a=1,b=2,3' is refused, not read as a
+    fixed a and an axis b (give ``--network a=1 --network b=2,3``)."""
     key, sep, values = text.partition("=")
-    parts = [v.strip() for v in values.split(",") if v.strip()]
-    if not sep or not key.strip() or not parts:
-        raise ValueError(f"bad sweep axis {text!r}: use key=v1,v2,... (e.g. "
+    key = key.strip()
+    parts = [v.strip() for v in values.split(",")]
+    if not sep or not key or not all(parts):
+        raise InputError(f"bad sweep axis {text!r}: use key=v1,v2,... (e.g. "
                          "inter_node_bw=25,50,100Gbit/s)")
+    if any("=" in p for p in parts):
+        groups = [f"{key}={parts[0]}"]
+        for p in parts[1:]:
+            if "=" in p:
+                groups.append(p)
+            else:
+                groups[-1] += f",{p}"
+        raise InputError(f"bad sweep axis {text!r}: one key per --network; give "
+                         + " ".join(f"--network {g}" for g in groups))
     m = _UNIT.match(parts[-1])
-    unit = m.group(1) if m else ""
-    return key.strip(), [p if _UNIT.match(p) or not unit else p + unit for p in parts]
+    unit = m.group(1) if m and key not in COUNT_KEYS else ""  # a count has none to share
+    values_ = [p if _UNIT.match(p) or not unit else p + unit for p in parts]
+    for v in values_:
+        parse_setting(key, v)
+    if len(set(values_)) < len(values_):
+        raise InputError(f"bad sweep axis {text!r}: a value is given twice")
+    return key, values_
+
+
+def parse_axes(texts: list[str]) -> list[tuple[str, list[str]]]:
+    """Every ``--network`` axis (``parse_axis``), no key swept twice (InputError)."""
+    axes = [parse_axis(t) for t in texts]
+    keys = [k for k, _ in axes]
+    twice = sorted({k for k in keys if keys.count(k) > 1})
+    if twice:
+        raise InputError(f"sweep axis {twice[0]!r} given twice: give its values in one "
+                         f"--network {twice[0]}=v1,v2,...")
+    return axes
 
 
 def sweep(replayer: Replayer, base: Scenario, network_axes: list[str],
@@ -39,7 +70,7 @@ def sweep(replayer: Replayer, base: Scenario, network_axes: list[str],
     measured / projected step time, band and breakdown as the mean over the job's complete
     steps."""
     g = replayer.graph
-    axes = [parse_axis(a) for a in network_axes]
+    axes = parse_axes(network_axes)
     src_net = source_network(g, base)
     if axes and src_net is None:
         raise ValueError("the trace names no GPU of the catalog, so its network is unknown: "

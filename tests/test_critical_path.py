@@ -456,10 +456,10 @@ def test_critical_path_cli_json_and_chrome_trace(tmp_path: Path) -> None:
     assert [(e["id"], e["pid"], round(e["ts"] * 1000)) for e in ends] == [
         (i, b["rank"], b["start_ns"] - t0) for i, _, b in pairs]
     con.close()
-    # bad input: one line, exit 1
+    # a step the job does not have: one line, exit 2
     r = subprocess.run([sys.executable, "-m", "tracetool", "critical-path", str(store),
                         "--step", "99"], capture_output=True, text=True, timeout=300)
-    assert r.returncode == 1 and r.stderr.count("\n") == 1 and "ProfilerStep#99" in r.stderr
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "ProfilerStep#99" in r.stderr
 
 
 def test_a_one_rank_job_reads_only_its_intra_rank_edges(tmp_path: Path) -> None:

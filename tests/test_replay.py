@@ -452,10 +452,10 @@ def test_cli_sweep_writes_table_and_plot(store: Path, tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("args,message,code", [
     (["--gpu", "tpu9"], "unknown GPU 'tpu9'", 2),
-    (["--network", "inter_node_bw=fast"], "bad bandwidth 'fast'", 1),
+    (["--network", "inter_node_bw=fast"], "bad bandwidth 'fast'", 2),
     (["--network", "inter_node_bw=1Gbit/s"], "give --source-network", 1),
-    (["--network", "nics=2"], "unknown network setting(s) ['nics']", 1),
-    (["--step", "99"], "has no complete ProfilerStep#99", 1),
+    (["--network", "nics=2"], "unknown network setting(s) ['nics']", 2),
+    (["--step", "99"], "has no complete ProfilerStep#99", 2),
     (["--speedup", "gemm"], "bad speedup 'gemm'", 2),
 ])
 def test_cli_replay_errors(store: Path, args: list[str], message: str, code: int) -> None:

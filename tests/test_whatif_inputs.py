@@ -127,7 +127,7 @@ def test_gpu_help_is_built_from_the_catalog() -> None:
     (["--speedup", "gem=2"], f"bad speedup 'gem=2': unknown category 'gem'; known: {KNOWN} "
                              "(or name~REGEX=FACTOR)"),
     (["--speedup", "gemm"], "bad speedup 'gemm': use CATEGORY=FACTOR or name~REGEX=FACTOR "
-                            "with FACTOR > 0 (e.g. gemm=1.5, name~flash=2)"),
+                            "with FACTOR from 0.001 to 1000 (e.g. gemm=1.5, name~flash=2)"),
     (["--speedup", "gemm=1"], "bad speedup 'gemm=1': a factor of 1 changes nothing"),
     (["--speedup", "GEMM=2"], "speedup 'GEMM=2': job nl has no GPU op of category 'gemm' "
                               "(it has no GPU ops)"),

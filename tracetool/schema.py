@@ -28,6 +28,11 @@ import pyarrow as pa
 
 from tracetool.graph import CLASSES, EDGE_KINDS
 
+# the largest rank a store holds: its rank column (the hive partition rank=N) is an INTEGER
+MAX_RANK = 2**31 - 1
+# the largest ProfilerStep (or annotation instance) number: the steps view's step is a BIGINT
+MAX_STEP = 2**63 - 1
+
 
 def sql_type(t: pa.DataType) -> str:
     """The DuckDB type a store column has when read back."""

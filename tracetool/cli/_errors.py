@@ -12,6 +12,14 @@ from tracetool.errors import InputError, one_line
 from tracetool.outputs import OutputError
 
 
+class OptionError(click.BadParameter):
+    """A bad option value: one line (``tracetool: error: Invalid value for '--step': ...``)
+    and exit 2, instead of click's usage block; raised by the option types of ``_numbers``."""
+
+    def show(self, file: object = None) -> None:
+        click.echo(f"tracetool: error: {one_line(Exception(self.format_message()))}", err=True)
+
+
 def fail_line(message: str, code: int = 1) -> NoReturn:
     """Print ``message`` as one error line on stderr and exit with ``code``."""
     click.echo(f"tracetool: error: {message}", err=True)

@@ -8,6 +8,8 @@ from collections.abc import Callable
 import click
 
 from tracetool.analysis.windows import Windows, parse_window
+from tracetool.cli._numbers import Int
+from tracetool.schema import MAX_STEP
 
 
 def window_options(fn: Callable) -> Callable:
@@ -16,10 +18,11 @@ def window_options(fn: Callable) -> Callable:
         click.option("--annotation", help="Use the instances of this annotation (a CPU-thread "
                      "event name, e.g. a record_function label) instead of ProfilerSteps, "
                      "numbered 0, 1, ... per rank."),
-        click.option("--instance", type=click.IntRange(min=0),
+        click.option("--instance", type=Int(0, MAX_STEP),
                      help="With --annotation: only this instance (0-based)."),
         click.option("--window", help="Use one time window instead of ProfilerSteps: "
-                     "START:END after the job's first event, with units (e.g. 10ms:250ms)."),
+                     "START:END after the job's first event, with units (e.g. 10ms:250ms), "
+                     "inside the trace."),
     ]):
         fn = opt(fn)
     return fn

@@ -15,14 +15,18 @@ from tracetool.analysis.critical_path import critical_path, unexplained_gap_warn
 from tracetool.analysis.windows import use_windows
 from tracetool.cli._errors import fail_for
 from tracetool.cli._job import window_options, windows_of
+from tracetool.cli._numbers import Int
 from tracetool.cli._store import store_arg
+from tracetool.errors import InputError
 from tracetool.outputs import check_output
+from tracetool.schema import MAX_STEP
 
 
 @click.command("critical-path")
 @click.argument("store", type=store_arg(file_okay=False))
 @click.option("--job", help="Job (needed when the store holds several).")
-@click.option("--step", type=int, help="One ProfilerStep (default: every complete step).")
+@click.option("--step", type=Int(0, MAX_STEP),
+              help="One ProfilerStep (default: every complete step).")
 @click.option("--include-incomplete", is_flag=True,
               help="Also the incomplete steps (cut by the trace window, open, or missing on "
                    "some ranks; docs/steps.md).")
@@ -41,8 +45,9 @@ def critical_path_command(store: Path | str, job: str | None, step: int | None,
     summarise it by kind (compute, comm, memcpy, launch_overhead, cpu, idle_wait,
     unexplained_gap) and by rank.
 
-    Exit code 0; 1 when the store, job or step cannot be read; 2 for an annotation or window
-    that selects nothing (one line on stderr)."""
+    Exit code 0; 1 when the store or job cannot be read; 2 for a --step the job does not
+    have, a number outside its range (--help) or an annotation or window that selects
+    nothing (one line on stderr)."""
     if segments and not as_json:
         raise click.UsageError("--segments needs --json")
     try:
@@ -57,7 +62,7 @@ def critical_path_command(store: Path | str, job: str | None, step: int | None,
         warnings = [w for w in [missing] if w] + warn_collectives(con, job)
         if step is not None and not con.execute(
                 "SELECT 1 FROM steps WHERE job = ? AND step = ?", [job, step]).fetchone():
-            raise click.ClickException(f"{store}: job {job} has no ProfilerStep#{step}")
+            raise InputError(f"{store}: job {job} has no ProfilerStep#{step}")
         rel = critical_path(con, job, step, include_incomplete=include_incomplete,
                             names=chrome is not None or segments)  # only they use names
         report = summarize(job, rel)

@@ -21,6 +21,7 @@ from tracetool.analysis.diff import (
 )
 from tracetool.analysis.report import first_line
 from tracetool.cli._errors import fail_line
+from tracetool.cli._numbers import Int
 from tracetool.cli._store import store_arg
 from tracetool.errors import StoreError
 
@@ -47,7 +48,7 @@ cannot be read; 2 for a malformed --fail-if expression."""
                    "kernel_time or comm_time, then > or <, then a change like +5% or an "
                    "absolute one like +2ms. Repeat for several.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
-@click.option("--top", type=click.IntRange(min=0), default=20, show_default=True,
+@click.option("--top", type=Int(0, None), default=20, show_default=True,
               help="Rows of each per-name table (0: all).")
 def diff_command(store_a: Path | str, store_b: Path | str, job_a: str | None, job_b: str | None,
                  fail_if: tuple[str, ...], as_json: bool, top: int) -> None:

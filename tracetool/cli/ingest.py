@@ -9,17 +9,19 @@ from pathlib import Path
 
 import click
 
+from tracetool.cli._numbers import Int, OneLine
 from tracetool.cli._store import store_arg
 from tracetool.errors import StoreError
 from tracetool.ingest.budget import parse_size
-from tracetool.ingest.metadata import MAX_RANK
 from tracetool.ingest.pipeline import FileResult, Options, UsageProblem, ingest
 from tracetool.ingest.shard import parse_shard
+from tracetool.ingest.workers import WORKERS_PER_CORE
+from tracetool.schema import MAX_RANK
 from tracetool.signals import Interrupted, interruptible
 from tracetool.text import path_text, printable
 
 
-class Size(click.ParamType):
+class Size(OneLine):
     """A byte count with an optional unit: 64MB, 2GiB, 500k."""
 
     name = "size"
@@ -40,13 +42,14 @@ class Size(click.ParamType):
               show_default=True,
               help="Store directory (created if missing), or s3://bucket/prefix.")
 @click.option("--job", help="Job name for these ranks (default: the directory's name).")
-@click.option("--rank", type=click.IntRange(min=0, max=MAX_RANK),
+@click.option("--rank", type=Int(0, MAX_RANK),
               help="Rank of a single file (overrides distributedInfo and the file name).")
 @click.option("--force", is_flag=True, help="Re-ingest and replace what the store holds.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object per file.")
 @click.option("--strict", is_flag=True, help="Treat a truncated (salvaged) file as an error.")
-@click.option("--workers", type=click.IntRange(min=1),
-              help="Decoding processes (default: all cores).")
+@click.option("--workers", type=Int(1, None),
+              help=f"Decoding processes (default: all cores); more than {WORKERS_PER_CORE} "
+                   "per core is capped there, with a warning.")
 @click.option("--tmp-budget", type=Size(),
               help="Disk the work files of one trace file may use in STORE/.tmp (e.g. 8GB; "
               "default: 4x its JSON text, at least 1 GiB). A file that needs more fails.")

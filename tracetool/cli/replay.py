@@ -17,16 +17,31 @@ from tracetool.analysis.connect import open_job
 from tracetool.analysis.windows import no_complete_steps, use_windows
 from tracetool.cli._errors import fail_for
 from tracetool.cli._job import window_options, windows_of
+from tracetool.cli._numbers import Int
 from tracetool.cli._store import store_arg
 from tracetool.errors import InputError
 from tracetool.outputs import check_output
 from tracetool.replay import model
 from tracetool.replay.clocks import parse_gpu_clock, parse_power_cap
-from tracetool.replay.compute import CATEGORIES, WhatIfError, parse_speedup
-from tracetool.replay.graph import Bounds, NoSuchSteps, parse_ranks, parse_steps
+from tracetool.replay.compute import CATEGORIES, SPEEDUP_RANGE, WhatIfError, parse_speedup
+from tracetool.replay.graph import (
+    Bounds,
+    NoSuchSteps,
+    RankRanges,
+    job_ranks,
+    parse_ranks,
+    parse_steps,
+)
 from tracetool.replay.hardware import Gpu, catalog_help
-from tracetool.replay.model import Scenario, check_speedups, resolve_gpu
-from tracetool.replay.network import Network, parse_network
+from tracetool.replay.model import (
+    MAX_GLOO_WORLD,
+    Scenario,
+    check_dp_scale,
+    check_speedups,
+    resolve_gpu,
+)
+from tracetool.replay.network import MAX_WORLD, Network, parse_network, parse_spec
+from tracetool.schema import MAX_STEP
 
 if TYPE_CHECKING:
     from tracetool.replay.run import Replayer
@@ -53,19 +68,21 @@ def scenario_options(fn: Callable) -> Callable:
         click.option("--source-gpu", help=f"GPU the trace ran on: {GPU_HELP} (default: "
                                           "deviceProperties)."),
         click.option("--source-network", help="Network the trace ran on: key=value,... or a "
-                     "TOML file (default: the source GPU's usual cluster; required for CPU "
-                     "traces)."),
+                     "TOML file, values as for replay --network (default: the source GPU's "
+                     "usual cluster; required for CPU traces)."),
         click.option("--speedup", "speedups", multiple=True,
                      help="Divide matching GPU op times: CATEGORY=F (one of "
-                          f"{', '.join(CATEGORIES)}; case-insensitive) or name~REGEX=F "
-                          "(repeatable; e.g. gemm=1.5, name~flash=2). One matching no GPU "
-                          "op of the job is an error."),
+                          f"{', '.join(CATEGORIES)}; case-insensitive) or name~REGEX=F, "
+                          f"F from {SPEEDUP_RANGE[0]:g} to {SPEEDUP_RANGE[1]:g} (repeatable; "
+                          "e.g. gemm=1.5, name~flash=2). One matching no GPU op of the job "
+                          "is an error."),
         click.option("--gpu-clock", help="Run the GPU (the --gpu target, else the trace's) at "
                      "this SM clock, MHz, within its catalog range; the trace is assumed to "
                      "have run at max boost. Compute-bound kernels scale with it; memory-bound "
                      "ones, communication and CPU work do not."),
         click.option("--power-cap", help="Cap the GPU's board power (the --gpu target, else "
-                     "the trace's): watts (300, 300W) or a fraction of its TDP (0.7, 70%); "
+                     "the trace's): watts (300, 300W) or a fraction of its TDP (0.7, 70%), "
+                     "at least its minimum power limit; "
                      "the clock it sustains comes from P = P_static + k f^3 (replay/clocks.py)."),
         click.option("--include-incomplete", is_flag=True,
                      help="Also the incomplete steps (cut by the trace window, open, or "
@@ -79,10 +96,11 @@ def bounds_options(fn: Callable) -> Callable:
     """--steps / --ranks: the part of the job replay and sweep read (docs/steps.md)."""
     for opt in reversed([
         click.option("--steps", "steps_range", help="Replay only ProfilerSteps A to B "
-                     "(A:B, inclusive; or N): only their events are read, the events "
-                     "just before kept at their measured times."),
+                     "(A:B, inclusive, 0 <= A <= B < 2^63; or N): only their events are read, "
+                     "the events just before kept at their measured times."),
         click.option("--ranks", "ranks_spec", help="Replay only these ranks: a list with "
-                     "ranges (0,2-5), or 'replica' for one data-parallel replica. Collectives "
+                     "ranges (0,2-5; ranks 0 to 2^31-1, each one the job has), or 'replica' "
+                     "for one data-parallel replica. Collectives "
                      "waiting on other ranks keep their measured wait (a note says how "
                      "many); --dp-scale still projects the whole job's groups."),
     ]):
@@ -92,9 +110,9 @@ def bounds_options(fn: Callable) -> Callable:
 
 def parse_bounds(steps_range: str | None, ranks_spec: str | None,
                  step: int | None = None) -> tuple[tuple[int, int] | None,
-                                                    tuple[int, ...] | str | None]:
+                                                    RankRanges | str | None]:
     """The --steps / --step and --ranks values, checked before the store is opened
-    (InputError: exit 2)."""
+    (InputError: exit 2); the ranks stay ranges until checked against the job's."""
     if step is not None and steps_range is not None:
         raise InputError("give --step or --steps, not both")
     steps = parse_steps(steps_range) if steps_range is not None else (
@@ -126,10 +144,14 @@ def gpu_option(option: str, text: str) -> Gpu:
 
 def parse_whatifs(source_gpu: str | None, speedups: tuple[str, ...],
                   gpus: tuple[str, ...] = (), gpu_clock: str | None = None,
-                  power_cap: str | None = None) -> None:
+                  power_cap: str | None = None, networks: tuple[str | None, ...] = ()) -> None:
     """Check the what-if values that need no store, before the graph is built: --source-gpu,
-    each --gpu, each --speedup, --gpu-clock and --power-cap as numbers (``WhatIfError``)."""
-    if source_gpu:
+    each --gpu, each --speedup, --gpu-clock and --power-cap as numbers (``WhatIfError``),
+    and the network specs' values (``parse_spec``: InputError)."""
+    for spec in networks:
+        if spec is not None:
+            parse_spec(_spec(spec))
+    if source_gpu is not None:
         gpu_option("--source-gpu", source_gpu)
     for g in gpus:
         gpu_option("--gpu", g)
@@ -149,8 +171,8 @@ def base_scenario(replayer: Replayer, source_gpu: str | None, source_net: str | 
     parsed = tuple(parse_speedup(s) for s in speedups)
     check_speedups(replayer.graph, parsed)  # before any setting runs (weights checks again)
     return Scenario(
-        source_gpu=gpu_option("--source-gpu", source_gpu) if source_gpu else None,
-        source_network=parse_network(_spec(source_net)) if source_net else None,
+        source_gpu=gpu_option("--source-gpu", source_gpu) if source_gpu is not None else None,
+        source_network=parse_network(_spec(source_net)) if source_net is not None else None,
         speedups=parsed,
         gpu_clock_mhz=parse_gpu_clock(gpu_clock) if gpu_clock is not None else None,
         power_cap=parse_power_cap(power_cap) if power_cap is not None else None)
@@ -160,14 +182,18 @@ def base_scenario(replayer: Replayer, source_gpu: str | None, source_net: str | 
 @click.argument("store", type=store_arg(file_okay=False))
 @scenario_options
 @bounds_options
-@click.option("--step", type=int, help="One ProfilerStep (default: every complete step); "
-              "as --steps N:N.")
+@click.option("--step", type=Int(0, MAX_STEP), help="One ProfilerStep (default: every "
+              "complete step); as --steps N:N.")
 @click.option("--gpu", help=f"Project onto this GPU: {GPU_HELP}.")
 @click.option("--network", help="Project onto this network: key=value,... (gpus_per_node, "
                                 "intra_node_bw, inter_node_bw, ..._latency, ranks_per_dc, "
-                                "dc_bw, dc_latency; units like 400Gbit/s, 5us) or a TOML file.")
-@click.option("--dp-scale", type=click.IntRange(min=1), default=1, show_default=True,
-              help="Data-parallel groups K times larger (comm re-costed, compute unchanged).")
+                                "dc_bw, dc_latency; units like 400Gbit/s, 5us) or a TOML file. "
+                                "Bandwidths 1Mbit/s to 1Pbit/s or inf, latencies 0 to 10s, "
+                                f"counts 1 to {MAX_WORLD}; each key once.")
+@click.option("--dp-scale", type=Int(1, MAX_WORLD), default=1, show_default=True,
+              help="Data-parallel groups K times larger (comm re-costed, compute unchanged); "
+                   f"the projected job has at most {MAX_WORLD} ranks ({MAX_GLOO_WORLD} for a "
+                   "CPU job's gloo collectives).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @click.option("--chrome-trace", "chrome", type=click.Path(path_type=Path, dir_okay=False),
               help="Write the projected timeline as a Chrome trace (open in Perfetto).")
@@ -189,20 +215,26 @@ def replay_command(store: Path, job: str | None, source_gpu: str | None,
     Exit code 0; 2 on a what-if that names or changes nothing: a --gpu / --source-gpu not in
     the catalog, a --speedup with an unknown category or one matching no GPU op of the job,
     a --gpu-clock outside the GPU's range, a --power-cap below its minimum limit, either of
-    them unparsable or on a CPU job, a bad --steps (A > B, or no step of the job in it) or
-    --ranks (a rank the job does not have, a replica that cannot be told); 1 on a bad
-    store, job, --step or other setting (one line on stderr)."""
+    them unparsable or on a CPU job, a bad --steps (A > B, or no step of the job in it),
+    --step (not a complete step of the job) or --ranks (a rank the job does not have, a
+    replica that cannot be told), any number outside its range (--help shows them) or a
+    --dp-scale projecting more ranks than the model prices; 1 on a bad store, job or other
+    setting (one line on stderr). The numbers are checked before the graph is built, those
+    that need the job right after the store is opened."""
     from tracetool.replay.run import BREAKDOWN, Replayer
 
     try:
         for option, path in (("--chrome-trace", chrome), ("--plot", plot)):
             if path is not None:
                 check_output(path, option, [store])
-        parse_whatifs(source_gpu, speedups, (gpu,) if gpu else (), gpu_clock, power_cap)
+        parse_whatifs(source_gpu, speedups, (gpu,) if gpu is not None else (), gpu_clock,
+                      power_cap, (source_network, network))
         steps, ranks = parse_bounds(steps_range, ranks_spec, step)
         windows = windows_of(annotation, instance, window)
         start_compiler()
         con, job = open_job(store, job)
+        if dp_scale != 1:
+            check_dp_scale(len(job_ranks(con, job)), dp_scale)
         use_windows(con, job, windows)
         if not include_incomplete and (left_out := no_complete_steps(con, job)):
             warn_collectives(con, job)  # why, when it is the clocks
@@ -212,19 +244,19 @@ def replay_command(store: Path, job: str | None, source_gpu: str | None,
         except NoSuchSteps:
             if step is None:
                 raise
-            raise click.ClickException(f"{store}: job {job} has no complete "
-                                       f"ProfilerStep#{step}") from None
+            raise InputError(f"{store}: job {job} has no complete "
+                             f"ProfilerStep#{step}") from None
         sc = base_scenario(replayer, source_gpu, source_network, speedups, gpu_clock,
                            power_cap)
         label = []
-        if gpu:
+        if gpu is not None:
             sc = replace(sc, gpu=gpu_option("--gpu", gpu))
             label.append(f"gpu={sc.gpu.key}")
         if sc.gpu_clock_mhz is not None:
             label.append(f"gpu_clock={sc.gpu_clock_mhz:g}MHz")
         if sc.power_cap is not None:
             label.append(f"power_cap={sc.power_cap}")
-        if network:
+        if network is not None:
             base = model.source_network(replayer.graph, sc) or Network()
             sc = replace(sc, network=parse_network(_spec(network), base=base))
             label.append(f"network={network}")
@@ -239,8 +271,7 @@ def replay_command(store: Path, job: str | None, source_gpu: str | None,
         if step is not None:
             result.steps = [s for s in result.steps if s.step == step]
             if not result.steps:
-                raise click.ClickException(f"{store}: job {job} has no complete "
-                                           f"ProfilerStep#{step}")
+                raise InputError(f"{store}: job {job} has no complete ProfilerStep#{step}")
         written = None
         if chrome:
             from tracetool.replay.timeline import write_projected_trace

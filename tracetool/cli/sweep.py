@@ -24,8 +24,11 @@ from tracetool.cli.replay import (
     scenario_options,
     start_compiler,
 )
+from tracetool.errors import InputError
 from tracetool.outputs import atomic_write, check_output
-from tracetool.replay.graph import Bounds
+from tracetool.replay.graph import Bounds, job_ranks
+from tracetool.replay.model import check_dp_scale
+from tracetool.replay.network import MAX_WORLD
 from tracetool.replay.plots import plot_sweep
 
 
@@ -34,11 +37,13 @@ from tracetool.replay.plots import plot_sweep
 @scenario_options
 @bounds_options
 @click.option("--network", "axes", multiple=True,
-              help="A network axis key=v1,v2,... (e.g. inter_node_bw=25,50,100Gbit/s); "
+              help="A network axis key=v1,v2,... (e.g. inter_node_bw=25,50,100Gbit/s; one "
+                   "key per --network, each value in its range as for replay --network); "
                    "repeat for a grid.")
 @click.option("--gpu", "gpus", help=f"GPUs to project onto, comma-separated (an axis), each "
                                      f"{GPU_HELP}.")
-@click.option("--dp-scale", "dp_scales", help="Data-parallel scales, comma-separated (an axis).")
+@click.option("--dp-scale", "dp_scales", help="Data-parallel scales, comma-separated (an axis), "
+              f"each 1 to {MAX_WORLD} and projecting at most as many ranks as for replay.")
 @click.option("--out", type=click.Path(path_type=Path, file_okay=False), default=Path("sweep"),
               show_default=True, help="Directory for sweep.csv and sweep.png.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
@@ -57,30 +62,28 @@ def sweep_command(store: Path, job: str | None, source_gpu: str | None,
     Exit code 0; 2 on a what-if that names or changes nothing: a --gpu entry or --source-gpu
     not in the catalog, a --speedup with an unknown category or one matching no GPU op of
     the job, a --gpu-clock or --power-cap that is bad for any GPU of the sweep (they apply to
-    every setting), a bad --steps or --ranks (as for replay); 1 on a bad store, job or
-    other setting (one line on stderr)."""
+    every setting), a bad --steps or --ranks (as for replay), a network axis value or
+    --dp-scale outside its range (as for replay), an axis given twice; 1 on a bad store, job
+    or other setting (one line on stderr)."""
     from tracetool.replay.run import Replayer
-    from tracetool.replay.sweep import sweep
+    from tracetool.replay.sweep import parse_axes, sweep
 
     try:
         check_output(out, "--out", [store], directory=True)
-        if not axes and not gpus and not dp_scales:
+        if not axes and gpus is None and dp_scales is None:
             raise click.ClickException("nothing to sweep: give --network key=v1,v2,..., "
                                        "--gpu or --dp-scale")
-        scales = None
-        if dp_scales:
-            try:
-                scales = [int(x) for x in dp_scales.split(",")]
-            except ValueError:
-                scales = [0]
-            if min(scales) < 1:
-                raise click.ClickException(f"bad --dp-scale {dp_scales!r}: integers >= 1")
-        gpu_list = [g.strip() for g in gpus.split(",")] if gpus else []
-        parse_whatifs(source_gpu, speedups, tuple(gpu_list), gpu_clock, power_cap)
+        scales = _dp_scales(dp_scales) if dp_scales is not None else None
+        gpu_list = [g.strip() for g in gpus.split(",")] if gpus is not None else []
+        parse_whatifs(source_gpu, speedups, tuple(gpu_list), gpu_clock, power_cap,
+                      (source_network,))
+        parse_axes(list(axes))
         bounds = Bounds(*parse_bounds(steps_range, ranks_spec))
         windows = windows_of(annotation, instance, window)
         start_compiler()
         con, job = open_job(store, job)
+        if scales:
+            check_dp_scale(len(job_ranks(con, job)), max(scales))
         use_windows(con, job, windows)
         if not include_incomplete and (left_out := no_complete_steps(con, job)):
             warn_collectives(con, job)  # why, when it is the clocks
@@ -96,8 +99,8 @@ def sweep_command(store: Path, job: str | None, source_gpu: str | None,
         out.mkdir(parents=True, exist_ok=True)
         table, png = out / "sweep.csv", out / "sweep.png"
         _write_csv(rows, table)
-        axis = " x ".join([a.split("=")[0] for a in axes] + (["gpu"] if gpus else [])
-                          + (["dp_scale"] if dp_scales else []))
+        axis = " x ".join([a.split("=")[0] for a in axes] + (["gpu"] if gpu_list else [])
+                          + (["dp_scale"] if scales else []))
         plot_sweep(rows, axis, png)
     except (click.ClickException, duckdb.Error, OSError, ValueError) as err:
         fail_for(store, err)
@@ -114,6 +117,19 @@ def sweep_command(store: Path, job: str | None, source_gpu: str | None,
         click.echo(f"{r['setting']:40} {r['measured_step_ns'] / 1e6:12.3f} "
                    f"{r['projected_step_ns'] / 1e6:13.3f} {band:>22}")
     click.echo(f"wrote {table} and {png}")
+
+
+def _dp_scales(text: str) -> list[int]:
+    """--dp-scale's values: whole numbers 1 to MAX_WORLD, none twice (InputError)."""
+    parts = [p.strip() for p in text.split(",")]
+    if not all(p.isascii() and p.isdigit() and len(p) <= 12 and 1 <= int(p) <= MAX_WORLD
+               for p in parts):
+        raise InputError(f"bad --dp-scale {text!r}: whole numbers 1 to {MAX_WORLD}, "
+                         "comma-separated")
+    scales = [int(p) for p in parts]
+    if len(set(scales)) < len(scales):
+        raise InputError(f"bad --dp-scale {text!r}: a value is given twice")
+    return scales
 
 
 def _write_csv(rows: list[dict], path: Path) -> None:
