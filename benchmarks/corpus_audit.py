@@ -145,8 +145,8 @@ def whatif_verdict(exit_code: int, output: str) -> tuple[str, str | None]:
     if exit_code != 0:
         return f"failed ({exit_code})", f"what_if: exit {exit_code}: {output.strip()[-200:]}"
     steps = json.loads(output.strip().splitlines()[-1])["steps"]
-    measured = sum(s["measured_ns"] for s in steps)
-    projected = sum(s["projected_ns"] for s in steps)
+    measured = sum(s["measured_step_ns"] for s in steps)
+    projected = sum(s["projected_step_ns"] for s in steps)
     if projected == measured:
         return "+0.0%", "what_if: the projection did not change and nothing refused it"
     return f"{100 * (projected - measured) / measured:+.1f}%", None

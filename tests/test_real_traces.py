@@ -728,6 +728,8 @@ def test_identity_replay_of_every_trace(kineto_file: str, corpus: Corpus, corpus
         return
     projected = r.run(onto_b200, critical_path=False).steps
     assert [s.step for s in projected] == [s.step for s in steps]
+    # a what-if changes the projection (or is refused, above): issue 26's audit
+    assert [p.projected_ns for p in projected] != [s.measured_ns for s in steps]
 
 
 def test_steps_tile_each_rank(kineto_file: str, corpus: Corpus, corpus_con) -> None:
@@ -763,3 +765,27 @@ def test_every_part_of_a_table_has_the_schemas_columns_and_types(corpus: Corpus)
             got = pq.read_schema(f).remove_metadata()
             assert got.names == t.schema.names, (t.name, f)
             assert got.types == t.schema.types, (t.name, f, got)
+
+
+def _corpus_audit():
+    """benchmarks/corpus_audit.py, whose invariants this suite checks on its corpus store."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "corpus_audit.py"
+    spec = importlib.util.spec_from_file_location("corpus_audit", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_corpus_audit_invariants(corpus: Corpus, corpus_con) -> None:
+    """Issue 26's audit over every job of the corpus: no negative self time, breakdown parts
+    that add up to the step, comm time wherever kernels are communication, no
+    launch_overhead segment over 10 ms (none on a job without GPU ops), job steps within
+    their ranks' extent (benchmarks/corpus_audit.py runs the CLI on them too)."""
+    audit = _corpus_audit()
+    jobs = sorted({r["job"] for r in corpus.results.values() if r["status"] == "ingested"})
+    assert len(jobs) >= 45
+    broken = {a.job: a.broken for a in map(lambda j: audit.check_job(corpus_con, j), jobs)
+              if a.broken}
+    assert broken == {}
