@@ -6,6 +6,8 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tracetool.comm_kernels import Registry, parse_user_entry, registry
+
 TRACE_SUFFIXES = (".json", ".json.gz")
 ET_NAME = re.compile(r"_et\.json(\.gz)?$")
 
@@ -35,6 +37,12 @@ class Options:
     executor: str = "local"  # local: this machine's worker pool; ray: one Ray task per file
     single_file: bool = False  # the ingest has one file: without a rank, it is rank 0
     job_per_file: bool = False  # each file its own job, named after the file
+    # --comm-kernel REGEX=KIND: kernels that are communication too (tracetool/comm_kernels.py)
+    comm_kernels: tuple[str, ...] = ()
+
+    def comm_registry(self) -> Registry:
+        """The registry this ingest classifies kernels with: the user's entries first."""
+        return registry().with_user(tuple(parse_user_entry(t) for t in self.comm_kernels))
 
 
 @dataclass

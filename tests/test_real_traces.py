@@ -19,6 +19,7 @@ import gzip
 import hashlib
 import json
 import re
+import tomllib
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from decimal import Decimal
@@ -35,7 +36,11 @@ GPU_OP_CATS = {"kernel": "kernel", "Kernel": "kernel", "gpu_memcpy": "memcpy",
 # Runtime/driver calls that launch GPU work ("Runtime" is the 2021 name of cuda_runtime).
 LAUNCH_CATS = frozenset({"cuda_runtime", "cuda_driver", "Runtime"})
 NOT_COLLECTIVES = frozenset({"wait", "monitored_barrier"})
-COMM_KERNEL = re.compile(r"^nccl|rccl|multimem|all_?reduce.*kernel", re.IGNORECASE)
+# the registry of communication kernels is data (its patterns are the spec), read as such
+COMM_KERNEL = re.compile("|".join(
+    f"(?:{k['pattern']})" for k in tomllib.loads(
+        (Path(__file__).parents[1] / "tracetool" / "comm_kernels.toml").read_text())["kernel"]),
+    re.IGNORECASE)
 COLLECTIVE_KEYS = frozenset({"Collective name", "Comms Id", "In msg nelems", "In msg size",
                              "Process Group Name", "Process Group ID", "Seq", "dtype"})
 STEP_NAME = re.compile(r"ProfilerStep#(\d+)")
@@ -113,6 +118,7 @@ class RawTrace:
     n_kernels: int = 0
     steps: set[int] = field(default_factory=set)  # ProfilerStep#N on the CPU (see below)
     n_comm_kernels: int = 0  # kernels named like NCCL/RCCL communication
+    n_unclaimed_comm: int = 0  # of them, launched by no collective call (see summarize)
     steps_legacy: set[int] = field(default_factory=set)  # ProfilerStep#N, cat Operator
     rpc_collectives: Counter = field(default_factory=Counter)
     n_record_param_comms: int = 0
@@ -142,6 +148,8 @@ def summarize(path: Path, rel_path: str) -> RawTrace:
     launches: dict[object, list[tuple[int, str]]] = defaultdict(list)
     rpcs: list = []  # (pid, tid, ts, dur, args) of record_param_comms
     titles: list = []  # (pid, tid, ts, name) of nccl:<op> annotations
+    comm: list = []  # (correlation, External id) of communication kernels
+    launch_at: dict = {}  # correlation -> (pid, tid, ts) of its launch
     for k, e in enumerate(evs):
         ph = e.get("ph") if isinstance(e, dict) else None
         ph = ph if isinstance(ph, str) and len(ph) == 1 else "?"
@@ -156,10 +164,13 @@ def summarize(path: Path, rel_path: str) -> RawTrace:
                 t.n_kernels += 1
                 if COMM_KERNEL.search(name or "") or "Collective name" in args:
                     t.n_comm_kernels += 1
+                    comm.append((args.get("correlation"), args.get("External id")))
             if cat in GPU_OP_CATS:
                 t.gpu_ops[k] = (GPU_OP_CATS[cat], args.get("correlation"))
             if cat in LAUNCH_CATS and args.get("correlation") is not None:
                 launches[args["correlation"]].append((k, name))
+                launch_at.setdefault(args["correlation"], (e.get("pid"), e.get("tid"),
+                                                           e.get("ts")))
             m = STEP_NAME.fullmatch(name or "")
             if m:
                 # the CPU annotation: user_annotation, or Operator before that category
@@ -197,6 +208,7 @@ def summarize(path: Path, rel_path: str) -> RawTrace:
     # A record_param_comms is a collective call when it carries collective args (2023-10+) or
     # wraps an nccl:<op> annotation (older traces name the op only there); one with neither
     # is a wait(). The name: the args' Collective name, else the annotation's <op>.
+    calls: list = []  # (pid, tid, ts, dur, External id) of the collective calls
     for pid, tid, ts, dur, args in rpcs:
         coll = args.get("Collective name")
         if coll is None:
@@ -208,6 +220,19 @@ def summarize(path: Path, rel_path: str) -> RawTrace:
                 continue
         if coll not in NOT_COLLECTIVES:
             t.rpc_collectives[coll] += 1
+            calls.append((pid, tid, ts, dur, args.get("External id")))
+    # each call claims one comm kernel: the first unclaimed one launched inside it on its
+    # thread, else the first unclaimed one with its External id; the rest are collectives
+    # of their own (DeepEP, symmetric memory, custom all-reduce, 2021 traces)
+    free = list(range(len(comm)))
+    for pid, tid, ts, dur, ext in sorted(calls, key=lambda c: c[2] or 0):
+        inside = [i for i in free if (at := launch_at.get(comm[i][0])) and at[:2] == (pid, tid)
+                  and at[2] is not None and ts <= at[2] <= ts + (dur or 0)]
+        same = [i for i in free if ext is not None and comm[i][1] == ext]
+        if inside or same:
+            free.remove(min(inside, key=lambda i: launch_at[comm[i][0]][2]) if inside
+                        else same[0])
+    t.n_unclaimed_comm = len(free)
     t.ph = "".join(phs)
     t.launches = dict(launches)
     t.events_digest = digest.hexdigest()
@@ -432,7 +457,8 @@ def test_exact_counts(kineto_file: str, raw: dict[str, RawTrace], corpus: Corpus
     want = {
         "events": t.n_events, "flows": t.n_flows, "metadata_events": t.n_meta,
         "counter events": t.n_counter_events, "kernels": t.n_kernels, "steps": len(t.steps),
-        "collectives": t.n_comm_kernels if from_kernels else sum(colls.values()),
+        "collectives": t.n_comm_kernels if from_kernels
+        else sum(colls.values()) + t.n_unclaimed_comm,
     }
     assert got == want
 
