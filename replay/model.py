@@ -514,6 +514,12 @@ def _links(net: Network, ranks: list[int]) -> frozenset[str]:
     return frozenset(out)
 
 
+class NetworkNoOp(WhatIfError):
+    """A network / dp-scale what-if that prices no edge (``_refuse_network_noop``). A sweep
+    refuses an axis none of whose values changes one, and replays a grid point that changes
+    none on the source network (the same numbers)."""
+
+
 def _refuse_network_noop(graph: ReplayGraph, scenario: Scenario, priced: np.ndarray,
                          unpriced: str | None, src: Network, dst: Network) -> None:
     """``WhatIfError`` for a --network / --dp-scale that changes no priced edge: nothing is
@@ -524,7 +530,7 @@ def _refuse_network_noop(graph: ReplayGraph, scenario: Scenario, priced: np.ndar
     job = graph.job
     if not priced.any():
         why = f"; {unpriced}" if unpriced else ""
-        raise WhatIfError(f"the network changes nothing: job {job} has no collective across "
+        raise NetworkNoOp(f"the network changes nothing: job {job} has no collective across "
                           f"ranks that the network model prices{why}")
     if scenario.network is None or scenario.dp_scale != 1:
         return
@@ -543,7 +549,8 @@ def _refuse_network_noop(graph: ReplayGraph, scenario: Scenario, priced: np.ndar
     if any(_LINK_OF.get(c, set()) & crossed for c in changed):
         return
     n = max(max(g) + 1 for g in groups)
-    if all(_LINK_OF.get(c) == {"dc"} for c in changed):
+    links = [_LINK_OF[c] for c in changed if c in _LINK_OF]  # not the placement keys
+    if links and all(x == {"dc"} for x in links):
         why = ("no collective of this job crosses datacenters" + (
             "" if dst.ranks_per_dc else " (one datacenter: set ranks_per_dc)"))
     elif crossed <= {"intra"}:
@@ -551,7 +558,7 @@ def _refuse_network_noop(graph: ReplayGraph, scenario: Scenario, priced: np.ndar
                f"{dst.gpus_per_node} >= {n} ranks")
     else:
         why = "no collective of this job crosses a link they set"
-    raise WhatIfError(f"network setting(s) {', '.join(changed)} change nothing for job {job}: "
+    raise NetworkNoOp(f"network setting(s) {', '.join(changed)} change nothing for job {job}: "
                       f"{why}")
 
 
