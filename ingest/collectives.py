@@ -246,20 +246,28 @@ def _file_rows(steps: list[dict], calls: list[tuple[dict, dict]], kernels: list[
     # symmetric memory, custom all-reduce): one row each, in a group of their own
     # (``_row_from_kernel``), so they do not shift the recorded groups' call indices
     default_pg = not rows
-    sized: list[tuple[dict, int]] = []  # (row, launching op) sized from the op's shapes
-    for k in kernels:
-        if k["eid"] not in index.used:
-            entry = comm.match(k["name"])
-            rows.append(_row_from_kernel(k, pg_ranks, entry, default_pg))
-            if entry is not None and entry.size == "launch_op" and k["op_eid"] is not None:
-                sized.append((rows[-1], k["op_eid"]))
-    args = op_args([e for _, e in sized]) if sized else {}
-    for row, e in sized:
-        a = _args(args.get(e))
-        if a.get("Input Dims"):
-            _size_from_dims(row, a)
-            if row["collective"] == "allgather":  # the input: one rank's share, not the output
-                row["out_nelems"] = None
+    mine = [(k, comm.match(k["name"])) for k in kernels if k["eid"] not in index.used]
+    sized = {k["eid"]: k["op_eid"] for k, e in mine  # launching ops whose shapes size them
+             if e is not None and e.size == "launch_op" and k["op_eid"] is not None}
+    want = [k["eid"] for k, _ in mine] + list(sized.values())
+    args = op_args(want) if want else {}
+    for k, entry in mine:
+        row = _row_from_kernel(k, pg_ranks, entry, default_pg)
+        own = _args(args.get(k["eid"]))
+        if COLLECTIVE_KEYS & own.keys():  # the kernel's own args record the call (newer
+            # PyTorch): its op, group, sequence number and sizes
+            r = {"eid": k["eid"], "ts_ns": row["cpu_ts_ns"], "dur_ns": None, "end_ns": None,
+                 "tid": k["launch_tid"]}
+            coll = row["collective"]
+            row = _row_from_args(r, own, k, None, pg_ranks, row["backend"])
+            row["collective"] = row["collective"] or coll
+        elif k["eid"] in sized:
+            a = _args(args.get(sized[k["eid"]]))
+            if a.get("Input Dims"):
+                _size_from_dims(row, a)
+                if row["collective"] == "allgather":  # the input: a rank's share, not the output
+                    row["out_nelems"] = None
+        rows.append(row)
     # call index per process group, and sizes in bytes
     counters: dict[str | None, int] = {}
     for row in rows:

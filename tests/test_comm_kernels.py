@@ -165,6 +165,24 @@ def test_comm_kernel_option_refuses_what_classifies_nothing(tmp_path: Path) -> N
                           "all_to_all, broadcast, reduce, send, recv, barrier, other\n")
 
 
+def test_a_kernel_that_records_its_call_is_sized_from_its_args(tmp_path: Path) -> None:
+    """No record_param_comms, but the NCCL kernel's own args name the call: its group,
+    sequence number, dtype and element counts are the collective's."""
+    args = {"Collective name": "allreduce", "In msg nelems": 1000, "Out msg nelems": 1000,
+            "dtype": "BFloat16", "Process Group Name": "3", "Seq": 7, "Group size": 4}
+    ev = [x("ProfilerStep#1", 0, 100, cat="user_annotation"),
+          x("my_allreduce_wrapper", 5, 10, **{"External id": 1}),
+          x("cudaLaunchKernel", 6, 3, cat="cuda_runtime", correlation=1),
+          x("ncclDevKernel_AllReduce_Sum_bf16_RING_LL(ncclDevKernelArgsStorage<4096ul>)", 20,
+            30, cat="kernel", pid=0, tid=7, device=0, stream=7, correlation=1, **args)]
+    got = run_ingest([write(tmp_path / "rank0.json", kineto_text(ev))], tmp_path / "s")
+    assert got.exit_code == 0, got.stderr
+    row = tracetool.connect(tmp_path / "s").execute(
+        "SELECT collective, backend, pg_name, seq, group_size, in_bytes, bytes, instance "
+        "FROM collective_ranks").fetchall()
+    assert row == [("allreduce", "nccl", "3", 7, 4, 2000, 2000, "pg:3:seq:7")]
+
+
 @pytest.mark.skipif(not B200.is_file(), reason="real trace corpus not found")
 def test_b200_symmetric_memory_is_communication(tmp_path: Path) -> None:
     """The B200 trace's 73 torch symmetric-memory all-reduces (and its one NCCL
