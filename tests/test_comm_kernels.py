@@ -98,18 +98,23 @@ def test_deepep_and_user_kernels_are_communication_everywhere(con) -> None:
         assert [row[1:4] for row in c if row[0] == r] == want
     assert [row[4] for row in c if row[0] == 0] == [row[4] for row in c if row[0] == 1]
     assert all(row[4] is not None and row[5] is None for row in c)
-    # critical-path categories: comm segments exist only on the comm kernels
-    n_comm = con.execute("SELECT count(*) FROM cp_nodes WHERE cls = 'comm'").fetchone()[0]
-    assert n_comm > 0
+    # critical-path categories: the graph's comm nodes are exactly the comm kernels
+    got = con.execute("""SELECT rank, cls, count(*) FROM cp_nodes WHERE cls <> 'cpu'
+                         GROUP BY ALL ORDER BY ALL""").fetchall()
+    assert got == [(r, cls, n) for r in (0, 1)
+                   for cls, n in (("comm", len(comm)), ("compute", len(KERNELS) - len(comm)))]
 
 
 def test_report_lists_them(store: Path) -> None:
     code, out, err = run("report", store, "--json", "--out", store.parent / "rep")
     assert code == 0, err
     assert "No collective calls recorded" not in out
-    doc = json.loads(out)
-    text = json.dumps(doc)
-    assert "all_to_all" in text
+    coll = json.loads(out)["collectives"]
+    comm = [(ts, d) for n, _, ts, d, _, _ in KERNELS if n in COMM | {CUSTOM}]
+    assert [(t["collective"], t["instances"], t["sized_instances"]) for t in coll["by_type"]
+            ] == [("all_to_all", len(comm), 0)]
+    assert [(r["rank"], r["calls"], r["dur_ns"]) for r in coll["by_rank"]] == [
+        (r, len(comm), 1000 * sum(d for _, d in comm)) for r in (0, 1)]
 
 
 def test_replay_prices_them_and_gpu_leaves_them(con, store: Path) -> None:
