@@ -477,12 +477,16 @@ def test_exact_counts(kineto_file: str, raw: dict[str, RawTrace], corpus: Corpus
     assert counters == sorted(t.counter_rows, key=lambda r: (r[0], r[2]))
     steps = duck.execute(f"SELECT step FROM {pq(part, 'profiler_steps')}").fetchnumpy()["step"]
     assert set(steps.tolist()) == t.steps
-    names = duck.execute(f"SELECT collective, kernel_name FROM {pq(part, 'collectives')}"
-                         ).fetchall()
+    names = duck.execute(f"SELECT collective, kernel_name, cpu_dur_ns IS NULL AND "
+                         f"kernel_eid IS NOT NULL FROM {pq(part, 'collectives')}").fetchall()
     if from_kernels:  # the op comes from the NCCL kernel's name: it must be named in there
-        assert all(n and n.replace("_", "") in k.lower().replace("_", "") for n, k in names)
-    else:
-        assert Counter(n for n, _ in names) == colls
+        assert all(n and n.replace("_", "") in k.lower().replace("_", "") for n, k, _ in names)
+    else:  # the calls, and the comm kernels none claims (named by the kernel, if at all)
+        assert Counter(n for n, _, kernel in names if not kernel) == colls
+        own = [(n, k) for n, k, kernel in names if kernel]
+        assert len(own) == t.n_unclaimed_comm
+        assert all(n is None or n.replace("_", "") in k.lower().replace("_", "")
+                   for n, k in own)
 
 
 def first_event_difference(t: RawTrace, rows: list[tuple]) -> str:
