@@ -273,7 +273,8 @@ def _decode_staged(
     base = base_time_ns(keys)
     _check_base(base, max((pr.max_abs_ts_us for _, pr, _ in results), default=0.0))
     di = keys.get("distributedInfo") if isinstance(keys.get("distributedInfo"), dict) else None
-    member = derive_mod.Member(index, stage, built, offsets, total, base, _pg_ranks(di))
+    member = derive_mod.Member(index, stage, built, offsets, total, base, _pg_ranks(di),
+                               comm=opts.comm_registry())
     return _Decoded(res, member, budget, info, issues, issue_eids, quarantined, keys, source,
                     [pr for _, pr, _ in results], hashing, t0)
 

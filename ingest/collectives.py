@@ -4,8 +4,12 @@ NCCL-era traces describe each call in a ``record_param_comms`` CPU op (kind, siz
 group), and the transfer is the NCCL/RCCL kernel launched inside it. gloo traces have no such
 op: the call is a ``c10d::<op>_`` CPU op that only enqueues, and the transfer is a
 ``gloo:<op>`` span on a gloo worker thread; they are paired per collective kind in issue
-order, and sizes come from ``Input Dims``/``Input type``. Collectives are few, so this is
-plain Python over a handful of rows.
+order, and sizes come from ``Input Dims``/``Input type``. A communication kernel (the
+registry's, ``tracetool/comm_kernels.toml``) that no call claims is a collective of its own
+(DeepEP, symmetric memory, custom all-reduce: no record_param_comms; 2021 NCCL traces): its
+kind and backend from the registry, its size from the launching op's shapes where the
+registry says so, else unknown. Collectives are few, so this is plain Python over a handful
+of rows.
 """
 
 from __future__ import annotations
@@ -15,11 +19,13 @@ import functools
 import json
 import math
 import re
+from collections.abc import Callable
 
 import duckdb
 import msgspec
 import pyarrow as pa
 
+from tracetool.comm_kernels import Entry, Registry, registry
 from tracetool.dtypes import ELEM_BYTES
 from tracetool.schema import COLLECTIVES
 
@@ -132,7 +138,8 @@ def _by_file(rows: list[dict]) -> dict[int, list[dict]]:
 
 
 def build(con: duckdb.DuckDBPyConnection, tables: dict[str, str],
-          pg_ranks: dict[int, dict[str, list[int]]]) -> dict[int, pa.Table]:
+          pg_ranks: dict[int, dict[str, list[int]]], comm: Registry | None = None
+          ) -> dict[int, pa.Table]:
     """The collectives table of each file of a derivation batch (``pg_ranks``: each file's
     process groups from its distributedInfo), from SQL reading the batch's events, gpu_ops
     and profiler_steps (with their ``file``). The few rows involved are read in one query
@@ -145,8 +152,16 @@ def build(con: duckdb.DuckDBPyConnection, tables: dict[str, str],
         SELECT file, eid, ts_ns, dur_ns, end_ns, tid, external_id, args FROM {ev}
         WHERE kind = 'cpu_op' AND name = 'record_param_comms' ORDER BY file, ts_ns"""))
     kernels = _by_file(_rows(con, f"""
-        SELECT file, eid, name, stream, ts_ns, end_ns, external_id, launch_ts_ns, launch_tid
-        FROM {g} WHERE is_comm ORDER BY file, coalesce(launch_ts_ns, ts_ns)"""))
+        SELECT file, eid, name, stream, ts_ns, end_ns, external_id, launch_ts_ns, launch_tid,
+               op_eid
+        FROM {g} WHERE is_comm ORDER BY file, coalesce(launch_ts_ns, ts_ns), eid"""))
+
+    def op_args(f: int, eids: list[int]) -> dict[int, str]:
+        """The args of file ``f``'s events ``eids`` (the launching ops of comm kernels
+        sized from their shapes: a few rows, read only when some are needed)."""
+        return dict(con.execute(f"SELECT eid, args FROM {ev} WHERE file = ? AND eid IN "
+                                "(SELECT unnest(?::BIGINT[]))", [f, eids]).fetchall())
+
     calls = {f: [(r, _args(r["args"])) for r in rows] for f, rows in rpc.items()}
     # before 2023-10 record_param_comms had no collective args: the nccl:<op> annotation
     # inside it names the op and its Input Dims / Input type give the size
@@ -170,7 +185,8 @@ def build(con: duckdb.DuckDBPyConnection, tables: dict[str, str],
     out = {}
     for f, groups in pg_ranks.items():
         rows = _file_rows(steps.get(f, []), calls.get(f, []), kernels.get(f, []),
-                          titles.get(f, {}), ops.get(f, []), spans.get(f, []), groups)
+                          titles.get(f, {}), ops.get(f, []), spans.get(f, []), groups,
+                          comm or registry(), functools.partial(op_args, f))
         out[f] = pa.table({c.name: pa.array([r.get(c.name) for r in rows], type=c.type)
                            for c in COLLECTIVES.columns})
     return out
@@ -178,8 +194,10 @@ def build(con: duckdb.DuckDBPyConnection, tables: dict[str, str],
 
 def _file_rows(steps: list[dict], calls: list[tuple[dict, dict]], kernels: list[dict],
                titles: dict[int, dict], ops: list[dict], spans: list[dict],
-               pg_ranks: dict[str, list[int]]) -> list[dict]:
-    """One file's collectives rows (the table's columns, as dicts)."""
+               pg_ranks: dict[str, list[int]], comm: Registry,
+               op_args: Callable[[list[int]], dict[int, str]]) -> list[dict]:
+    """One file's collectives rows (the table's columns, as dicts); ``op_args`` reads the
+    args of some of the file's events."""
     starts = [s["cpu_start_ns"] for s in steps]
 
     def step_of(ts: int) -> int | None:
@@ -189,8 +207,8 @@ def _file_rows(steps: list[dict], calls: list[tuple[dict, dict]], kernels: list[
     if all(a.get("Collective name") is not None for _, a in calls):
         titles = {}  # (read for the batch: another file needs them)
     rows: list[dict] = []
+    index = _KernelIndex(kernels)
     if calls:
-        index = _KernelIndex(kernels)
         for r, a in calls:
             if a.get("Collective name") in NOT_COLLECTIVES:
                 continue
@@ -224,8 +242,32 @@ def _file_rows(steps: list[dict], calls: list[tuple[dict, dict]], kernels: list[
                                  "gloo" if span else "cpu")
             _size_from_dims(row, sa, a)
             rows.append(row)
-    if not rows:  # no CPU-side record of the calls (2021 traces): one row per comm kernel
-        rows = [_row_from_kernel(k, pg_ranks) for k in kernels]
+    # comm kernels no call claimed (no CPU-side record of them: 2021 NCCL traces, DeepEP,
+    # symmetric memory, custom all-reduce): one row each, in a group of their own
+    # (``_row_from_kernel``), so they do not shift the recorded groups' call indices
+    default_pg = not rows
+    mine = [(k, comm.match(k["name"])) for k in kernels if k["eid"] not in index.used]
+    sized = {k["eid"]: k["op_eid"] for k, e in mine  # launching ops whose shapes size them
+             if e is not None and e.size == "launch_op" and k["op_eid"] is not None}
+    want = [k["eid"] for k, _ in mine] + list(sized.values())
+    args = op_args(want) if want else {}
+    for k, entry in mine:
+        row = _row_from_kernel(k, pg_ranks, entry, default_pg)
+        own = _args(args.get(k["eid"]))
+        if COLLECTIVE_KEYS & own.keys():  # the kernel's own args record the call (newer
+            # PyTorch): its op, group, sequence number and sizes
+            r = {"eid": k["eid"], "ts_ns": row["cpu_ts_ns"], "dur_ns": None, "end_ns": None,
+                 "tid": k["launch_tid"]}
+            coll = row["collective"]
+            row = _row_from_args(r, own, k, None, pg_ranks, row["backend"])
+            row["collective"] = row["collective"] or coll
+        elif k["eid"] in sized:
+            a = _args(args.get(sized[k["eid"]]))
+            if a.get("Input Dims"):
+                _size_from_dims(row, a)
+                if row["collective"] == "allgather":  # the input: a rank's share, not the output
+                    row["out_nelems"] = None
+        rows.append(row)
     # call index per process group, and sizes in bytes
     counters: dict[str | None, int] = {}
     for row in rows:
@@ -263,12 +305,15 @@ class _KernelIndex:
         end = r["end_ns"] if r["end_ns"] is not None else r["ts_ns"]
         launches = self.by_tid.get(r["tid"], [])
         i = bisect.bisect_left(launches, (r["ts_ns"], -(2**63)))
+        found = None
         while i < len(launches) and launches[i][0] <= end:
             eid = launches[i][1]
             if eid not in self.used:
-                self.used.add(eid)
-                return self.rows[eid]
+                self.used.add(eid)  # the call's: later ones in it too (a coalesced call's
+                found = found or self.rows[eid]  # kernels are not collectives of their own)
             i += 1
+        if found is not None:
+            return found
         for k in self.by_ext.get(r["external_id"], []) if r["external_id"] is not None else []:
             if k["eid"] not in self.used:
                 self.used.add(k["eid"])
@@ -322,27 +367,32 @@ def _row_from_args(
     }
 
 
-KERNEL_COLLECTIVE = (("allreduce", "allreduce"), ("all_reduce", "allreduce"),
-                     ("allgather", "allgather"), ("all_gather", "allgather"),
-                     ("reducescatter", "reduce_scatter"), ("reduce_scatter", "reduce_scatter"),
-                     ("alltoall", "all_to_all"), ("sendrecv", "sendrecv"),
-                     ("broadcast", "broadcast"), ("reduce", "reduce"))
 KERNEL_DTYPE = (("_f32", "float"), ("_float", "float"), ("_f16", "half"), ("_half", "half"),
                 ("_bf16", "bfloat16"), ("_f64", "double"), ("_double", "double"),
                 ("_i32", "int"), ("_int32", "int"), ("_i64", "long"), ("_int64", "long"),
                 ("_i8", "char"), ("_int8", "char"), ("_u8", "byte"), ("_uint8", "byte"))
 
 
-def _row_from_kernel(k: dict, pg_ranks: dict[str, list[int]]) -> dict:
-    """A collective known only from its NCCL kernel: the op and dtype from the kernel's name
-    (NCCL 2.7-2.18 names carry them; they are hints, not what ran), sizes unknown."""
+def _row_from_kernel(k: dict, pg_ranks: dict[str, list[int]], entry: Entry | None,
+                     default_pg: bool) -> dict:
+    """A collective known only from its kernel: kind and backend from the registry entry
+    that matches its name (NCCL 2.7-2.18 names carry the op and dtype too: hints, not what
+    ran); sizes unknown (``_file_rows`` reads the launching op's shapes where the entry
+    says ``launch_op``). Its group: the default one (pg 0, when distributedInfo names it)
+    for a kernel whose library records its calls (registry size ``call``: NCCL) in a trace
+    that records none (``default_pg``: 2021 traces); else ``kernel:<backend>``, no
+    process group recorded, the backend's unclaimed kernels matched as one sequence."""
     fn = k["name"].split("(", 1)[0].lower()
-    coll = next((c for key, c in KERNEL_COLLECTIVE if key in fn), None)
+    coll = entry.kind_of(k["name"]) if entry is not None else None
     dtype = next((d for key, d in KERNEL_DTYPE if fn.endswith(key) or key + "_" in fn), None)
-    pg = "0" if "0" in pg_ranks else None
+    backend = entry.backend if entry is not None and entry.backend != "any" else "nccl"
+    if default_pg and (entry is None or entry.size == "call"):
+        pg = "0" if "0" in pg_ranks else None
+    else:
+        pg = f"kernel:{backend}"
     return {
-        "eid": k["eid"], "collective": coll, "backend": "nccl", "pg_name": pg,
-        "pg_desc": None, "group_size": None, "group_ranks": pg_ranks.get("0"),
+        "eid": k["eid"], "collective": coll, "backend": backend, "pg_name": pg,
+        "pg_desc": None, "group_size": None, "group_ranks": pg_ranks.get(pg) if pg else None,
         "group_ranks_truncated": False, "seq": None, "comms_id": None, "dtype": dtype,
         "in_nelems": None, "out_nelems": None, "in_split_sizes": None,
         "out_split_sizes": None, "peer_rank": None, "cpu_ts_ns": k["launch_ts_ns"]

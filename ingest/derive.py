@@ -26,6 +26,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from tracetool.comm_kernels import Registry, registry
 from tracetool.schema import TABLES_BY_NAME
 from tracetool.sqltext import literal, path_list
 
@@ -34,9 +35,6 @@ from .kinds import CPU_KINDS, GPU_KINDS, GPU_OP_KINDS, LAUNCH_KINDS, gpu_op_kind
 from .nesting import nest_and_bind
 from .workers import full_events_part
 
-COMM_KERNEL = ("(g.name ILIKE 'nccl%' OR g.name ILIKE '%rccl%' OR g.name ILIKE '%multimem%' "
-               "OR g.name ILIKE '%all_reduce%kernel%' OR g.name ILIKE '%allreduce%kernel%' "
-               "OR g.args LIKE '%\"Collective name\"%')")
 STEP_NUMBER = r"TRY_CAST(regexp_extract(name, 'ProfilerStep#(\d+)', 1) AS INTEGER)"
 
 # JSON paths of the GPU op columns read from args -> the column (bytes: size's fallback)
@@ -73,6 +71,8 @@ class Member:
     base_ns: int
     pg_ranks: dict[str, list[int]]
     ebase: int = 0
+    # which kernels are communication (the package's registry, plus --comm-kernel entries)
+    comm: Registry = field(default_factory=registry)
 
 
 @dataclass
@@ -543,7 +543,7 @@ def derive_gpu_ops(con: duckdb.DuckDBPyConnection, members: list[Member]) -> Non
                coalesce({x['bytes']}, {x['size']}) AS bytes, is_comm
         FROM (SELECT * REPLACE ({gpu_op_kind_sql()} AS kind),
                      json_extract_string(args, [{paths}]) AS jx,
-                     (kind = 'kernel' AND {COMM_KERNEL.replace('g.', '')}) AS is_comm
+                     (kind = 'kernel' AND {members[0].comm.sql_condition()}) AS is_comm
               FROM {ev} WHERE kind IN ({gpu_op_kinds}) AND {gpu_op_kind_sql()} IS NOT NULL)""")
     con.execute(f"""
         CREATE OR REPLACE TABLE l AS
@@ -640,7 +640,7 @@ def derive_collectives(con: duckdb.DuckDBPyConnection, members: list[Member]) ->
 
     tables = build(con, {t: read_table(members, t)
                          for t in ("events", "gpu_ops", "profiler_steps")},
-                   {m.index: m.pg_ranks for m in members})
+                   {m.index: m.pg_ranks for m in members}, members[0].comm)
     for m in members:
         write_arrow(tables[m.index], m.out, "collectives")
 

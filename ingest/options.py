@@ -6,6 +6,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tracetool.comm_kernels import Registry, parse_user_entry, registry
 from tracetool.text import path_text
 
 TRACE_SUFFIXES = (".json", ".json.gz")
@@ -38,6 +39,12 @@ class Options:
     single_file: bool = False  # the ingest has one file: without a rank, it is rank 0
     job_per_file: bool = False  # each file its own job, named after the file
     recursive: bool = False  # a directory's subfolders' trace files too
+    # --comm-kernel REGEX=KIND: kernels that are communication too (tracetool/comm_kernels.py)
+    comm_kernels: tuple[str, ...] = ()
+
+    def comm_registry(self) -> Registry:
+        """The registry this ingest classifies kernels with: the user's entries first."""
+        return registry().with_user(tuple(parse_user_entry(t) for t in self.comm_kernels))
 
 
 @dataclass

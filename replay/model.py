@@ -25,7 +25,7 @@ latencies and the program's structure stay as measured):
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 
 import numpy as np
 from numpy.typing import ArrayLike
@@ -157,8 +157,9 @@ def world_size(graph: ReplayGraph) -> int:
 def check_scenario(graph: ReplayGraph, scenario: Scenario) -> None:
     """``WhatIfError`` for a what-if that would change nothing the job ran, whoever asks
     (CLI or Python): a speedup matching no GPU op, a GPU, clock or power cap on a job with no
-    GPU op; and for a clock outside the GPU's documented range, a power cap below its
-    minimum limit or a --dp-scale past the ranks the model prices (``check_dp_scale``)."""
+    GPU op, a network or dp-scale that prices no edge (``_refuse_network_noop``); and for a
+    clock outside the GPU's documented range, a power cap below its minimum limit or a
+    --dp-scale past the ranks the model prices (``check_dp_scale``)."""
     check_speedups(graph, scenario.speedups)
     if scenario.dp_scale != 1:
         check_dp_scale(world_size(graph), scenario.dp_scale, gloo=not len(graph.ops["dur"]))
@@ -182,6 +183,12 @@ def check_scenario(graph: ReplayGraph, scenario: Scenario) -> None:
             raise WhatIfError(f"{what}: job {graph.job} has no GPU ops (a CPU job), so a GPU "
                               "clock or power cap changes nothing")
         clocked_gpu(graph, scenario)  # a clock outside the GPU's range, a cap below its minimum
+    if scenario.changes_network:
+        src, dst = source_network(graph, scenario), target_network(graph, scenario)
+        if src is not None and dst is not None:  # else collective_factors says what to give
+            priced = _priced(graph)
+            _refuse_network_noop(graph, scenario, priced, unpriced_comm_note(graph, priced),
+                                 src, dst)
 
 
 def _speedup_hits(ops: dict, s: Speedup) -> np.ndarray:
@@ -478,12 +485,123 @@ def collective_factors(graph: ReplayGraph, scenario: Scenario
         costs[i] = cache[key]
     k = transfer_factor(insts["transfer_ns"] * 1e-9, *costs.T)
     model_ns = np.where(costs[:, 0] > 0, costs[:, 0] * 1e9, np.nan)
+    unpriced = unpriced_comm_note(graph, costs[:, 0] > 0)
+    notes += [unpriced] if unpriced else []
     if guessed:
         notes.append(f"{guessed} collectives without a recorded size: sized from their "
                      "transfer time (the last arrival's time in them, without the waiting) "
                      "under the source network")
         notes += size_notes
     return k, model_ns, notes, costs
+
+
+def _priced(graph: ReplayGraph) -> np.ndarray:
+    """Per instance: does the network model price it (``collective_factors``: peers in the
+    trace, a kind it knows; an unsized one is sized from its transfer time)."""
+    insts = graph.insts
+    return np.array([len(g) >= 2 and kind in KINDS for g, kind in zip(
+        insts["group_ranks"], insts["kind"], strict=True)], dtype=bool)
+
+
+def unpriced_comm_note(graph: ReplayGraph, priced: np.ndarray) -> str | None:
+    """The note on the communication kernels no network model prices (they keep their
+    measured times): how many, how much time, and why. ``priced``: per instance."""
+    ops = graph.ops
+    is_comm = np.asarray(ops["is_comm"], dtype=bool)
+    if not is_comm.any():
+        return None
+    inst_of = np.full(len(is_comm), -1, dtype=np.int64)
+    sel = (graph.role == COMM_DURATION) & (graph.op >= 0)
+    inst_of[graph.op[sel]] = graph.inst[sel]
+    insts = graph.insts
+    why: dict[str, int] = {}
+    for i in np.flatnonzero(is_comm & ((inst_of < 0) | ~priced[np.maximum(inst_of, 0)])):
+        j = inst_of[i]
+        if j < 0:
+            reason = "not matched to a call on the other ranks"
+        elif len(insts["group_ranks"][j]) < 2:
+            reason = "with no peer rank in the trace (its group is unknown or one rank)"
+        elif insts["kind"][j] not in KINDS:
+            reason = f"of a kind the model does not price ({insts['kind'][j]})"
+        else:
+            reason = "the model could not price"
+        why[reason] = why.get(reason, 0) + 1
+    if not why:
+        return None
+    n = sum(why.values())
+    unpriced = is_comm & ((inst_of < 0) | ~priced[np.maximum(inst_of, 0)])
+    ms = float(np.asarray(ops["dur"], dtype=float)[unpriced].sum()) / 1e6
+    parts = "; ".join(f"{c} {r}" for r, c in sorted(why.items(), key=lambda x: -x[1]))
+    return (f"{n} communication kernels ({ms:.3f} ms over the replayed ranks) are not priced "
+            f"by the network model and stay as measured: {parts}")
+
+
+# the links each network setting prices (Network.link): intra-node, inter-node, datacenter
+_LINK_OF = {"intra_node_bw": {"intra"}, "intra_node_latency": {"intra"},
+            "inter_node_bw": {"inter", "dc"}, "inter_node_latency": {"inter", "dc"},
+            "dc_bw": {"dc"}, "dc_latency": {"dc"}}
+
+
+def _links(net: Network, ranks: list[int]) -> frozenset[str]:
+    """The link levels a collective over ``ranks`` crosses on ``net``."""
+    a = np.asarray(sorted(ranks))
+    node = a // net.gpus_per_node
+    out = set()
+    if (np.bincount(node - node.min()) >= 2).any():
+        out.add("intra")
+    if len(np.unique(node)) > 1:
+        out.add("inter")
+    if net.ranks_per_dc and len(np.unique(a // net.ranks_per_dc)) > 1:
+        out.add("dc")
+    return frozenset(out)
+
+
+class NetworkNoOp(WhatIfError):
+    """A network / dp-scale what-if that prices no edge (``_refuse_network_noop``). A sweep
+    refuses an axis none of whose values changes one, and replays a grid point that changes
+    none on the source network (the same numbers)."""
+
+
+def _refuse_network_noop(graph: ReplayGraph, scenario: Scenario, priced: np.ndarray,
+                         unpriced: str | None, src: Network, dst: Network) -> None:
+    """``WhatIfError`` for a --network / --dp-scale that changes no priced edge: nothing is
+    priced, or every setting it changes is of a link no priced collective crosses (a 2-rank
+    job on one 8-GPU node crosses no inter-node link, so inter_node_bw changes nothing).
+    A setting equal to the source's is no change, and is not refused (a sweep may hold
+    the traced value)."""
+    job = graph.job
+    if not priced.any():
+        why = f"; {unpriced}" if unpriced else ""
+        raise NetworkNoOp(f"the network changes nothing: job {job} has no collective across "
+                          f"ranks that the network model prices{why}")
+    if scenario.network is None or scenario.dp_scale != 1:
+        return
+    changed = [f.name for f in fields(Network) if getattr(src, f.name) != getattr(dst, f.name)]
+    if not changed:
+        return
+    groups = {tuple(sorted(g)) for g, ok in zip(graph.insts["group_ranks"], priced,
+                                                 strict=True) if ok}
+    topology = {"gpus_per_node", "ranks_per_dc"} & set(changed)
+    crossed: set[str] = set()
+    for g in groups:
+        a, b = _links(src, list(g)), _links(dst, list(g))
+        if topology and a != b:
+            return  # the placement changes which links a collective crosses
+        crossed |= a | b
+    if any(_LINK_OF.get(c, set()) & crossed for c in changed):
+        return
+    n = max(max(g) + 1 for g in groups)
+    links = [_LINK_OF[c] for c in changed if c in _LINK_OF]  # not the placement keys
+    if links and all(x == {"dc"} for x in links):
+        why = ("no collective of this job crosses datacenters" + (
+            "" if dst.ranks_per_dc else " (one datacenter: set ranks_per_dc)"))
+    elif crossed <= {"intra"}:
+        why = (f"every collective of this job is intra-node: gpus_per_node="
+               f"{dst.gpus_per_node} >= {n} ranks")
+    else:
+        why = "no collective of this job crosses a link they set"
+    raise NetworkNoOp(f"network setting(s) {', '.join(changed)} change nothing for job {job}: "
+                      f"{why}")
 
 
 def _comm_spans(graph: ReplayGraph) -> tuple[np.ndarray, ...]:

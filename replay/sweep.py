@@ -15,7 +15,8 @@ import numpy as np
 
 from tracetool.errors import InputError
 
-from .model import Scenario, resolve_gpu, source_network
+from .graph import ReplayGraph
+from .model import NetworkNoOp, Scenario, check_scenario, resolve_gpu, source_network
 from .network import COUNT_KEYS, Network, parse_network, parse_setting
 from .run import BREAKDOWN, Replayer
 
@@ -76,6 +77,8 @@ def sweep(replayer: Replayer, base: Scenario, network_axes: list[str],
         raise ValueError("the trace names no GPU of the catalog, so its network is unknown: "
                          "give --source-network")
     base_net = base.network or src_net or Network()
+    for key, vals in axes:
+        _check_axis(g, base, base_net, key, vals)
     rows = []
     grid = itertools.product(*[[(k, v) for v in vals] for k, vals in axes],
                              gpus or [None], dp_scales or [base.dp_scale])
@@ -93,6 +96,10 @@ def sweep(replayer: Replayer, base: Scenario, network_axes: list[str],
         if dp_scales:
             parts.append(f"dp_scale={dp}")
         sc = replace(sc, label=", ".join(parts) or "identity")
+        try:
+            check_scenario(g, sc)
+        except NetworkNoOp:  # its settings price no edge: the source network's numbers
+            sc = replace(sc, network=base_net)
         res = replayer.run(sc, critical_path=False, include_incomplete=include_incomplete)
         mean = {k: int(np.mean([getattr(s, k) for s in res.steps]))
                 for k in ("measured_ns", "projected_ns", "low_ns", "high_ns")}
@@ -103,3 +110,23 @@ def sweep(replayer: Replayer, base: Scenario, network_axes: list[str],
             "projected_breakdown_ns": {k: int(np.mean([s.projected[k] for s in res.steps]))
                                        for k in (*BREAKDOWN, "comm_ns")}})
     return rows
+
+
+def _check_axis(graph: ReplayGraph, base: Scenario, base_net: Network, key: str,
+                values: list[str]) -> None:
+    """``NetworkNoOp`` for a network axis none of whose values changes a priced edge
+    (each alone, on the base scenario): every value is the base's own, or one that
+    ``check_scenario`` refuses as pricing nothing. A grid point may still change nothing
+    through one axis while another changes it; the sweep replays such points as they are."""
+    first = None
+    for v in values:
+        net = parse_network(f"{key}={v}", base=base_net)
+        try:
+            check_scenario(graph, replace(base, network=net))
+        except NetworkNoOp as err:
+            first = first or err
+            continue
+        if net != base_net:
+            return
+    if first is not None:
+        raise NetworkNoOp(f"sweep axis {key}: {first}")

@@ -19,6 +19,7 @@ import gzip
 import hashlib
 import json
 import re
+import tomllib
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from decimal import Decimal
@@ -48,7 +49,11 @@ LAUNCH_CATS = frozenset({"cuda_runtime", "cuda_driver", "Runtime", "mtia_runtime
                          "xpu_runtime", "xpu_driver", "privateuse1_runtime",
                          "privateuse1_driver", "hpu_op"})
 NOT_COLLECTIVES = frozenset({"wait", "monitored_barrier"})
-COMM_KERNEL = re.compile(r"^nccl|rccl|multimem|all_?reduce.*kernel", re.IGNORECASE)
+# the registry of communication kernels is data (its patterns are the spec), read as such
+COMM_KERNEL = re.compile("|".join(
+    f"(?:{k['pattern']})" for k in tomllib.loads(
+        (Path(__file__).parents[1] / "tracetool" / "comm_kernels.toml").read_text())["kernel"]),
+    re.IGNORECASE)
 COLLECTIVE_KEYS = frozenset({"Collective name", "Comms Id", "In msg nelems", "In msg size",
                              "Process Group Name", "Process Group ID", "Seq", "dtype"})
 STEP_NAME = re.compile(r"ProfilerStep#(\d+)")
@@ -126,6 +131,7 @@ class RawTrace:
     n_kernels: int = 0
     steps: set[int] = field(default_factory=set)  # ProfilerStep#N on the CPU (see below)
     n_comm_kernels: int = 0  # kernels named like NCCL/RCCL communication
+    n_unclaimed_comm: int = 0  # of them, launched by no collective call (see summarize)
     steps_legacy: set[int] = field(default_factory=set)  # ProfilerStep#N, cat Operator
     rpc_collectives: Counter = field(default_factory=Counter)
     n_record_param_comms: int = 0
@@ -155,6 +161,8 @@ def summarize(path: Path, rel_path: str) -> RawTrace:
     launches: dict[object, list[tuple[int, str]]] = defaultdict(list)
     rpcs: list = []  # (pid, tid, ts, dur, args) of record_param_comms
     titles: list = []  # (pid, tid, ts, name) of nccl:<op> annotations
+    comm: list = []  # (correlation, External id) of communication kernels
+    launch_at: dict = {}  # correlation -> (pid, tid, ts) of its launch
     for k, e in enumerate(evs):
         ph = e.get("ph") if isinstance(e, dict) else None
         ph = ph if isinstance(ph, str) and len(ph) == 1 else "?"
@@ -169,10 +177,13 @@ def summarize(path: Path, rel_path: str) -> RawTrace:
                 t.n_kernels += 1
                 if COMM_KERNEL.search(name or "") or "Collective name" in args:
                     t.n_comm_kernels += 1
+                    comm.append((args.get("correlation"), args.get("External id")))
             if gpu_op_kind(cat, name) is not None:
                 t.gpu_ops[k] = (gpu_op_kind(cat, name), args.get("correlation"))
             if cat in LAUNCH_CATS and args.get("correlation") is not None:
                 launches[args["correlation"]].append((k, name))
+                launch_at.setdefault(args["correlation"], (e.get("pid"), e.get("tid"),
+                                                           e.get("ts")))
             m = STEP_NAME.fullmatch(name or "")
             if m:
                 # the CPU annotation: user_annotation, or Operator before that category
@@ -210,6 +221,7 @@ def summarize(path: Path, rel_path: str) -> RawTrace:
     # A record_param_comms is a collective call when it carries collective args (2023-10+) or
     # wraps an nccl:<op> annotation (older traces name the op only there); one with neither
     # is a wait(). The name: the args' Collective name, else the annotation's <op>.
+    calls: list = []  # (pid, tid, ts, dur, External id) of the collective calls
     for pid, tid, ts, dur, args in rpcs:
         coll = args.get("Collective name")
         if coll is None:
@@ -221,6 +233,19 @@ def summarize(path: Path, rel_path: str) -> RawTrace:
                 continue
         if coll not in NOT_COLLECTIVES:
             t.rpc_collectives[coll] += 1
+            calls.append((pid, tid, ts, dur, args.get("External id")))
+    # each call claims one comm kernel: the first unclaimed one launched inside it on its
+    # thread, else the first unclaimed one with its External id; the rest are collectives
+    # of their own (DeepEP, symmetric memory, custom all-reduce, 2021 traces)
+    free = list(range(len(comm)))
+    for pid, tid, ts, dur, ext in sorted(calls, key=lambda c: c[2] or 0):
+        inside = [i for i in free if (at := launch_at.get(comm[i][0])) and at[:2] == (pid, tid)
+                  and at[2] is not None and ts <= at[2] <= ts + (dur or 0)]
+        same = [i for i in free if ext is not None and comm[i][1] == ext]
+        if inside or same:
+            free.remove(min(inside, key=lambda i: launch_at[comm[i][0]][2]) if inside
+                        else same[0])
+    t.n_unclaimed_comm = len(free)
     t.ph = "".join(phs)
     t.launches = dict(launches)
     t.events_digest = digest.hexdigest()
@@ -446,7 +471,8 @@ def test_exact_counts(kineto_file: str, raw: dict[str, RawTrace], corpus: Corpus
         "events": t.n_events, "flows": t.n_flows, "metadata_events": t.n_meta,
         "counter events": t.n_counter_events,
         "kernels": sum(kind == "kernel" for kind, _ in t.gpu_ops.values()), "steps": len(t.steps),
-        "collectives": t.n_comm_kernels if from_kernels else sum(colls.values()),
+        "collectives": t.n_comm_kernels if from_kernels
+        else sum(colls.values()) + t.n_unclaimed_comm,
     }
     assert got == want
 
@@ -465,12 +491,16 @@ def test_exact_counts(kineto_file: str, raw: dict[str, RawTrace], corpus: Corpus
     assert counters == sorted(t.counter_rows, key=lambda r: (r[0], r[2]))
     steps = duck.execute(f"SELECT step FROM {pq(part, 'profiler_steps')}").fetchnumpy()["step"]
     assert set(steps.tolist()) == t.steps
-    names = duck.execute(f"SELECT collective, kernel_name FROM {pq(part, 'collectives')}"
-                         ).fetchall()
+    names = duck.execute(f"SELECT collective, kernel_name, cpu_dur_ns IS NULL AND "
+                         f"kernel_eid IS NOT NULL FROM {pq(part, 'collectives')}").fetchall()
     if from_kernels:  # the op comes from the NCCL kernel's name: it must be named in there
-        assert all(n and n.replace("_", "") in k.lower().replace("_", "") for n, k in names)
-    else:
-        assert Counter(n for n, _ in names) == colls
+        assert all(n and n.replace("_", "") in k.lower().replace("_", "") for n, k, _ in names)
+    else:  # the calls, and the comm kernels none claims (named by the kernel, if at all)
+        assert Counter(n for n, _, kernel in names if not kernel) == colls
+        own = [(n, k) for n, k, kernel in names if kernel]
+        assert len(own) == t.n_unclaimed_comm
+        assert all(n is None or n.replace("_", "") in k.lower().replace("_", "")
+                   for n, k in own)
 
 
 def first_event_difference(t: RawTrace, rows: list[tuple]) -> str:

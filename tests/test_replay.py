@@ -24,6 +24,7 @@ import pytest
 
 import tracetool
 from tracetool.ingest.pipeline import Options, ingest
+from tracetool.replay.compute import WhatIfError
 from tracetool.replay.model import Scenario, collective_factors, resolve_gpu
 from tracetool.replay.network import parse_network
 from tracetool.replay.run import BREAKDOWN, Replayer
@@ -180,8 +181,12 @@ def test_datacenter_split_slows_only_groups_that_span_it(
     k_split, _, _, _ = collective_factors(r.graph, split)
     assert np.allclose(k_same, 1.0)  # both ranks in one datacenter: nothing changes
     assert (k_split > 1.5).all()
-    assert (_steps(r, same_dc) == _steps(r, Scenario())).all()
-    assert (_steps(r, split) > _steps(r, same_dc)).all()
+    # ... so that what-if is refused, not replayed as a silent identity (issue 26, item 8)
+    with pytest.raises(WhatIfError, match=r"^network setting\(s\) ranks_per_dc, dc_bw, "
+                       r"dc_latency change nothing for job gloo: no collective of this job "
+                       r"crosses datacenters$"):
+        _steps(r, same_dc)
+    assert (_steps(r, split) > _steps(r, Scenario())).all()
     # on DLRM (8 ranks), 4 per datacenter: every collective spans both, and gets slower
     d = replayers["dlrm"]
     k, _, _, _ = collective_factors(d.graph, Scenario(network=parse_network(

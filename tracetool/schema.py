@@ -202,8 +202,10 @@ GPU_OPS = Table(
         _c("registers_per_thread", I64, "args['registers per thread']."),
         _c("shared_memory", I64, "args['shared memory'], bytes."),
         _c("bytes", I64, "args.bytes for memcpy/memset."),
-        _c("is_comm", BOOL, "True for collective/communication kernels (nccl*, rccl*, "
-           "multimem/symmetric-memory all-reduce, ...)."),
+        _c("is_comm", BOOL, "True for communication kernels: named by the registry "
+           "(tracetool/comm_kernels.toml: NCCL, RCCL, torch symmetric memory, NVSHMEM, DeepEP, "
+           "custom all-reduce, MSCCL++, HCCL) or an ingest --comm-kernel, or whose args "
+           "record a Collective name."),
         _c("launch_eid", I64, "eid of the runtime/driver call with the same correlation."),
         _c("launch_name", STR, "Name of that call (cudaLaunchKernel, hipMemcpyAsync, ...)."),
         _c("launch_ts_ns", I64, "Start of that call."),
@@ -305,8 +307,11 @@ COLLECTIVES = Table(
            "_allgather_base, reduce_scatter_tensor_coalesced, broadcast, send, recv, "
            "all_to_allv, ...)."),
         _c("backend", STR, "nccl (a GPU kernel did the transfer), gloo (a gloo:* span on a "
-           "gloo thread did), or cpu (neither found)."),
-        _c("pg_name", STR, "Process group name/uid ('0', '1', ...)."),
+           "gloo thread did), or cpu (neither found); for a comm kernel no call claims, the "
+           "registry's backend (rccl, symm_mem, deepep, nvshmem, custom_ar, mscclpp, hccl, "
+           "user)."),
+        _c("pg_name", STR, "Process group name/uid ('0', '1', ...); kernel:<backend> for the "
+           "comm kernels no call claims (no group recorded; docs/collectives.md)."),
         _c("pg_desc", STR, "Process group description (default_pg, ...)."),
         _c("group_size", I32, "Ranks in the group."),
         _c("group_ranks", pa.list_(pa.int32()), "Global ranks of the group (from args, else "

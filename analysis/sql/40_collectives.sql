@@ -303,7 +303,8 @@ ref_calls AS MATERIALIZED (  -- the reference rank's calls first: joined to ever
 d AS (
     SELECT c.job, c.rank, c.end_ns - r.end_ns AS diff
     FROM m c JOIN ref_calls r ON r.job = c.job AND r.instance = c.instance
-    WHERE c.match_confident AND c.end_ns IS NOT NULL AND r.end_ns IS NOT NULL),
+    WHERE c.match_confident AND c.end_ns IS NOT NULL AND r.end_ns IS NOT NULL
+      AND NOT starts_with(coalesce(c.pg_name, ''), 'kernel:')),  -- no call record: no clock
 o AS (SELECT job, rank, quantile_disc(diff, 0.5)::BIGINT AS offset_ns,
              count(diff) AS n_samples FROM d GROUP BY ALL)
 SELECT m.*, coalesce(o.offset_ns, 0) AS offset_ns, coalesce(o.n_samples, 0) AS n_samples
@@ -312,7 +313,9 @@ FROM m LEFT JOIN o USING (job, rank);
 -- @view rank_clock_offsets: per-rank clock offset against the job's lowest rank with a
 --   matched collective.
 -- job, rank. offset_ns: median over confidently matched collectives (match_confident: seq,
---   or an unambiguous alignment) of (this rank's end - the reference rank's end): all
+--   or an unambiguous alignment) with a call record (not the kernel:<backend> groups of
+--   comm kernels no call claims, whose few unsized calls align loosely) of (this rank's
+--   end - the reference rank's end): all
 --   ranks of a collective finish together, within its transfer jitter, so the median
 --   difference estimates how far this rank's clock runs ahead. Subtract it to align
 --   (events_aligned does). n_samples: collectives used. 0 for the reference rank, and for

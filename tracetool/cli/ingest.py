@@ -9,9 +9,11 @@ from pathlib import Path
 
 import click
 
+from tracetool.cli._errors import fail_line
 from tracetool.cli._numbers import Int, OneLine
 from tracetool.cli._store import store_arg
-from tracetool.errors import StoreError
+from tracetool.comm_kernels import parse_user_entry
+from tracetool.errors import InputError, StoreError, one_line
 from tracetool.ingest.budget import parse_size
 from tracetool.ingest.pipeline import FileResult, Options, UsageProblem, ingest
 from tracetool.ingest.shard import parse_shard
@@ -69,10 +71,16 @@ class Size(OneLine):
               show_default=True,
               help="local: this machine's worker pool; ray: one Ray task per file on the "
                    "cluster RAY_ADDRESS names, else a local one (pip install 'tracetool[ray]').")
+@click.option("--comm-kernel", "comm_kernels", multiple=True, metavar="REGEX=KIND",
+              help="Kernels whose name matches REGEX (case-insensitive) are communication "
+                   "of collective KIND (allreduce, allgather, reduce_scatter, all_to_all, "
+                   "broadcast, reduce, send, recv, barrier, other), besides the registry's "
+                   "(docs/collectives.md); repeatable.")
 def ingest_command(paths: tuple[Path, ...], store: Path | str, job: str | None, rank: int | None,
                    force: bool, as_json: bool, strict: bool, workers: int | None,
                    tmp_budget: int | None, max_event_bytes: int, shard: str | None,
-                   executor: str, job_per_file: bool, recursive: bool) -> None:
+                   executor: str, job_per_file: bool, recursive: bool,
+                   comm_kernels: tuple[str, ...]) -> None:
     """Ingest Kineto trace files (.json, .json.gz) or directories of them into STORE.
 
     All PATHS are ranks of one job. Each file's rank comes from --rank, else its
@@ -83,11 +91,16 @@ def ingest_command(paths: tuple[Path, ...], store: Path | str, job: str | None, 
         shard_of = parse_shard(shard) if shard is not None else None
     except UsageProblem as err:
         raise click.UsageError(str(err)) from None
+    try:
+        user = [parse_user_entry(t) for t in comm_kernels]
+    except InputError as err:
+        fail_line(one_line(err), code=2)
     opts = Options(store=store, job=job, rank=rank, force=force, strict=strict,
                    workers=workers or 0, tmp_budget=tmp_budget, max_event_bytes=max_event_bytes,
                    shard=shard_of, executor=executor, job_per_file=job_per_file,
-                   recursive=recursive)
+                   recursive=recursive, comm_kernels=comm_kernels)
     failed = False
+    done: list[FileResult] = []
 
     def report(r: FileResult) -> None:
         nonlocal failed
@@ -95,6 +108,7 @@ def ingest_command(paths: tuple[Path, ...], store: Path | str, job: str | None, 
             bars.stop()  # a bar left by a file that failed early
         if r.status == "error":
             failed = True
+        done.append(r)
         if as_json:
             click.echo(json.dumps(r.as_json()))
         shown = printable(path_text(r.path))  # a file's name is hostile text too
@@ -125,7 +139,38 @@ def ingest_command(paths: tuple[Path, ...], store: Path | str, job: str | None, 
         click.echo(f"tracetool: error: interrupted by {err}; the files {held}, the others "
                    "are not", err=True)
         sys.exit(err.exit_code)
+    if user:
+        _check_comm_kernels(store, comm_kernels, user, done)
     sys.exit(1 if failed else 0)
+
+
+def _check_comm_kernels(store: Path | str, texts: tuple[str, ...], user: list,
+                        results: list[FileResult]) -> None:
+    """Exit 2 when a --comm-kernel classified nothing: every file was already in the store
+    (skipped, so not classified again), or its pattern matches no kernel of the files this
+    command ingested (they stay ingested)."""
+    from tracetool.store_views import connect_store
+
+    ingested = [r for r in results if r.status == "ingested" and r.rank is not None]
+    if not ingested:
+        if any(r.status == "skipped" for r in results):
+            fail_line("--comm-kernel: every file was already in the store, so none was "
+                      "classified by it; add --force to ingest them again", code=2)
+        return
+    con = connect_store(store)
+    try:
+        keys = sorted({f"{r.job}/{r.rank}" for r in ingested})
+        for text, e in zip(texts, user, strict=True):
+            n = con.execute(
+                "SELECT count(*) FROM gpu_ops WHERE kind = 'kernel' AND "
+                "list_contains(?, job || '/' || rank) AND regexp_matches(name, ?, 'i')",
+                [keys, e.pattern]).fetchone()[0]
+            if not n:
+                fail_line(f"--comm-kernel {text!r}: matches no kernel of the {len(ingested)} "
+                          "trace file(s) ingested (they are in the store; it classified "
+                          "nothing)", code=2)
+    finally:
+        con.close()
 
 
 class ProgressBars:
