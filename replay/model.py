@@ -183,12 +183,28 @@ def check_scenario(graph: ReplayGraph, scenario: Scenario) -> None:
             raise WhatIfError(f"{what}: job {graph.job} has no GPU ops (a CPU job), so a GPU "
                               "clock or power cap changes nothing")
         clocked_gpu(graph, scenario)  # a clock outside the GPU's range, a cap below its minimum
+    _refuse_comm_only(graph, scenario)
     if scenario.changes_network:
         src, dst = source_network(graph, scenario), target_network(graph, scenario)
         if src is not None and dst is not None:  # else collective_factors says what to give
             priced = _priced(graph)
             _refuse_network_noop(graph, scenario, priced, unpriced_comm_note(graph, priced),
                                  src, dst)
+
+
+def _refuse_comm_only(graph: ReplayGraph, scenario: Scenario) -> None:
+    """``WhatIfError`` for a GPU, clock or power cap on a job whose every GPU op is a
+    communication kernel: the network model prices those (or keeps them as measured), the
+    GPU model never scales them, so the what-if would move nothing."""
+    cats = graph.ops["category"].astype(str)
+    if not (scenario.gpu is not None or scenario.changes_clock) or not len(cats) \
+            or not (cats == "comm").all():
+        return
+    what = (f"GPU {scenario.gpu.name!r}" if scenario.gpu is not None else "GPU clock"
+            if scenario.gpu_clock_mhz is not None else f"power cap {str(scenario.power_cap)!r}")
+    raise WhatIfError(f"{what}: every GPU op of job {graph.job} ({len(cats)}) is a "
+                      "communication kernel, which the network model prices, not the GPU "
+                      "model, so a GPU changes nothing; change its network instead")
 
 
 def _speedup_hits(ops: dict, s: Speedup) -> np.ndarray:

@@ -184,7 +184,9 @@ class Replayer:
                 complete=bool(g.step_complete[i])))
         return ReplayResult(job=g.job, scenario=scenario.label, steps=steps, times=t,
                             origin_ns=g.origin_ns,
-                            notes=g.notes + wts.notes + describe(used), path_arrays=segments,
+                            notes=g.notes + wts.notes + describe(used)
+                            + unchanged_note(steps, not np.array_equal(t, g.t0)),
+                            path_arrays=segments,
                             bounds=self.selection())
 
     def selection(self) -> dict:
@@ -406,3 +408,22 @@ def replay(con: duckdb.DuckDBPyConnection, job: str, scenario: Scenario | None =
            ) -> ReplayResult:
     """Build ``job``'s graph from the store on ``con`` and replay it under ``scenario``."""
     return Replayer.from_store(con, job).run(scenario)
+
+
+def unchanged_note(steps: list[StepResult], changed: bool) -> list[str]:
+    """Why no step moved when the what-if moved some event (``changed``): the times it
+    changes are off the critical path. Said, so that a +0.0% is never silent; a what-if
+    that moves no event at all is refused before the replay (``check_scenario``)."""
+    if not changed or not steps or any(s.projected_ns != s.measured_ns for s in steps):
+        return []
+    path: dict[str, int] = {}
+    for s in steps:
+        for k, v in s.critical_path.items():
+            path[k] = path.get(k, 0) + v
+    bound = ""
+    if path:
+        kind, ns = max(path.items(), key=lambda kv: kv[1])
+        bound = f" (the projected critical path is {100 * ns / sum(path.values()):.0f}% {kind})"
+    return ["no step time changed: the events this what-if moves are off every step's "
+            f"critical path{bound}, so the step is bound by other work, e.g. the CPU side of "
+            "a host-bound step"]

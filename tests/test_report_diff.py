@@ -161,7 +161,8 @@ def test_report_draws_a_critical_path(sample_store: Path, tmp_path: Path,
             FROM steps WHERE job = ? ORDER BY step, rank""", params=[job])
 
     monkeypatch.setitem(sys.modules, CP_MODULE,
-                        types.SimpleNamespace(critical_path=critical_path))
+                        types.SimpleNamespace(critical_path=critical_path,
+                                              unexplained_gap_warning=lambda path: None))
     code, stdout, stderr = run("report", sample_store, "--out", tmp_path, "--json")
     assert code == 0, stderr
     s = json.loads(stdout)
