@@ -204,11 +204,16 @@ def test_gpu_what_if_on_an_accelerator_not_in_the_catalog(corpus: Path) -> None:
     assert err == ("tracetool: error: GPU 'B200 (HGX, 1 kW)': job mtia ran on ARTEMIS, which "
                    "has no entry in the GPU catalog, so its ops cannot be projected onto "
                    "another GPU (give --source-gpu to take it as one of the catalog's)\n")
-    # the network what-ifs are not refused as on a CPU job: they run (the trace has no
-    # collective, so nothing changes)
+    # the network what-ifs are checked as on any GPU job, not refused as on a CPU job: the
+    # trace has no collective, so a network changes nothing and says so (issue 26 item 8)
     code, out, err = run("replay", corpus, "--job", "mtia", "--network", "inter_node_bw=1Gbit/s",
                          "--source-network", "gpus_per_node=1,inter_node_bw=100Gbit/s", "--json")
-    assert code == 0, err
+    assert (code, out) == (2, "")
+    assert err == ("tracetool: error: the network changes nothing: job mtia has no collective "
+                   "across ranks that the network model prices\n")
+    code, out, err = run("replay", corpus, "--job", "mtia", "--source-network",
+                         "gpus_per_node=1,inter_node_bw=100Gbit/s", "--json")
+    assert code == 0, err  # the identity replay of the device's ops
 
 
 @needs_corpus
