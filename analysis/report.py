@@ -568,7 +568,8 @@ def _sections(s: dict[str, Any], charts: dict[str, str], store: Path | str | Non
                           "Wait: how long a rank waited for the last one to arrive.")
         coll.tables.append((["collective", "instances", "MB", "median transfer ms",
                              "mean skew ms", "max skew ms", "total wait ms"], [
-            [r["collective"], str(r["instances"]), _mb(r),
+            [r["collective"] or "unnamed (no Collective name in the trace)", str(r["instances"]),
+             _mb(r),
              _ms(r["median_transfer_ns"]), _ms(r["mean_skew_ns"]), _ms(r["max_skew_ns"]),
              _ms(r["wait_ns"])] for r in c["by_type"]]))
         coll.tables.append((["rank", "calls", "in collectives ms", "waited ms", "times last"], [

@@ -132,8 +132,10 @@ def whatif_args(con: duckdb.DuckDBPyConnection, job: str) -> list[str]:
     ranks, gpu_ops = con.execute(
         "SELECT (SELECT count(*) FROM trace_files WHERE job = $1), "
         "(SELECT count(*) FROM gpu_ops WHERE job = $1)", [job]).fetchone()
-    if gpu_ops:
-        return ["--gpu", "b200"]
+    if gpu_ops:  # onto a B200, or an H100 for a B200 trace (its own GPU is refused)
+        b200 = con.execute("SELECT bool_or(list_contains(device_names, 'NVIDIA B200')) "
+                           "FROM trace_files WHERE job = $1", [job]).fetchone()[0]
+        return ["--gpu", "h100" if b200 else "b200"]
     if ranks > 1:
         return ["--source-network", "gpus_per_node=1,inter_node_bw=10Gbit/s",
                 "--network", "inter_node_bw=1Gbit/s"]
@@ -147,6 +149,8 @@ def whatif_verdict(exit_code: int, output: str) -> tuple[str, str | None]:
         line = output.strip().splitlines()[-1] if output.strip() else ""
         ok = line.startswith("tracetool: error: ") and output.strip().count("\n") == 0
         return f"refused: {line[18:90]}", None if ok else f"what_if: refusal not one line: {line}"
+    if exit_code == 1 and "has no events on CPU threads or GPU streams" in output:
+        return "nothing to replay (no events on threads or streams)", None
     if exit_code != 0:
         return f"failed ({exit_code})", f"what_if: exit {exit_code}: {output.strip()[-200:]}"
     result = json.loads(output.strip().splitlines()[-1])

@@ -184,6 +184,11 @@ def check_scenario(graph: ReplayGraph, scenario: Scenario) -> None:
                               "clock or power cap changes nothing")
         clocked_gpu(graph, scenario)  # a clock outside the GPU's range, a cap below its minimum
     _refuse_comm_only(graph, scenario)
+    if scenario.gpu is not None and not scenario.changes_clock \
+            and source_gpu(graph, scenario) == scenario.gpu:
+        raise GpuNoOp(f"GPU {scenario.gpu.name!r}: job {graph.job} ran on it already, so "
+                      "--gpu changes nothing: give another GPU, or --gpu-clock / --power-cap "
+                      "for this one")
     if scenario.changes_network:
         src, dst = source_network(graph, scenario), target_network(graph, scenario)
         if src is not None and dst is not None:  # else collective_factors says what to give
@@ -570,6 +575,11 @@ def _links(net: Network, ranks: list[int]) -> frozenset[str]:
     if net.ranks_per_dc and len(np.unique(a // net.ranks_per_dc)) > 1:
         out.add("dc")
     return frozenset(out)
+
+
+class GpuNoOp(WhatIfError):
+    """A --gpu that is the GPU the trace ran on (and no clock or power cap): it changes
+    nothing. A sweep replays such a grid point on the trace's own GPU (the same numbers)."""
 
 
 class NetworkNoOp(WhatIfError):

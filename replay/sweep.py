@@ -16,7 +16,7 @@ import numpy as np
 from tracetool.errors import InputError
 
 from .graph import ReplayGraph
-from .model import NetworkNoOp, Scenario, check_scenario, resolve_gpu, source_network
+from .model import GpuNoOp, NetworkNoOp, Scenario, check_scenario, resolve_gpu, source_network
 from .network import COUNT_KEYS, Network, parse_network, parse_setting
 from .run import BREAKDOWN, Replayer
 
@@ -96,10 +96,14 @@ def sweep(replayer: Replayer, base: Scenario, network_axes: list[str],
         if dp_scales:
             parts.append(f"dp_scale={dp}")
         sc = replace(sc, label=", ".join(parts) or "identity")
-        try:
-            check_scenario(g, sc)
-        except NetworkNoOp:  # its settings price no edge: the source network's numbers
-            sc = replace(sc, network=base_net)
+        for _ in range(3):  # a part that changes nothing falls back to the source's own
+            try:
+                check_scenario(g, sc)
+                break
+            except NetworkNoOp:  # its settings price no edge: the source network's numbers
+                sc = replace(sc, network=base_net)
+            except GpuNoOp:  # the trace's own GPU: its measured kernel times
+                sc = replace(sc, gpu=None)
         res = replayer.run(sc, critical_path=False, include_incomplete=include_incomplete)
         mean = {k: int(np.mean([getattr(s, k) for s in res.steps]))
                 for k in ("measured_ns", "projected_ns", "low_ns", "high_ns")}

@@ -559,6 +559,21 @@ def test_large_integer_comms_id_exact(raw: dict[str, RawTrace], corpus: Corpus, 
     assert str(comms_id) in args
 
 
+def test_report_names_a_collective_without_a_name(corpus: Corpus, tmp_path: Path) -> None:
+    """The large-integer trace's record_param_comms has no Collective name: the report's
+    collectives table says so (it raised on the missing name, found by the corpus audit)."""
+    from click.testing import CliRunner
+
+    from tracetool.cli import cli
+
+    job = corpus.results[LARGE_INT]["job"]
+    res = CliRunner().invoke(cli, ["report", str(corpus.store), "--job", job, "--out",
+                                   str(tmp_path)])
+    assert res.exit_code == 0, res.output
+    assert "\nunnamed (no Collective name in the trace)  " in res.stdout
+    assert "| unnamed (no Collective name in the trace) |" in (tmp_path / "report.md").read_text()
+
+
 def test_matmul_rocm_profile_data(raw: dict[str, RawTrace], corpus: Corpus, duck) -> None:
     """rocmProfileData: bare array with a leading {} (quarantined), string ts/pid/tid/id."""
     t = raw[MATMUL]

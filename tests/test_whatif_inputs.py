@@ -207,8 +207,13 @@ def test_valid_gpus_change_the_projection(dlrm: Path, tmp_path: Path) -> None:
     by_name = replay_json(dlrm, "--gpu", "h100 sxm")
     assert by_name["steps"] == h100["steps"]
     assert h100["steps"][0]["projected_step_ns"] != identity["projected_step_ns"]
-    same = replay_json(dlrm, "--gpu", "V100", "--source-gpu", "v100 sxm2")["steps"][0]
-    assert same["projected_step_ns"] == identity["projected_step_ns"]  # onto itself: identity
+    # onto itself: a --gpu that changes nothing is refused (in a sweep, it is the baseline)
+    code, stdout, stderr = run("replay", dlrm, "--job", "dlrm", "--gpu", "V100",
+                               "--source-gpu", "v100 sxm2")
+    assert (code, stdout) == (2, "")
+    assert stderr == ("tracetool: error: GPU 'V100 SXM2': job dlrm ran on it already, so --gpu "
+                      "changes nothing: give another GPU, or --gpu-clock / --power-cap for "
+                      "this one\n")
     code, stdout, stderr = run("sweep", dlrm, "--job", "dlrm", "--gpu", "v100,H100 SXM",
                                "--out", tmp_path / "sw", "--json")
     assert code == 0, stderr
