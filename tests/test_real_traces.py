@@ -844,6 +844,6 @@ def test_corpus_audit_invariants(corpus: Corpus, corpus_con) -> None:
     audit = _corpus_audit()
     jobs = sorted({r["job"] for r in corpus.results.values() if r["status"] == "ingested"})
     assert len(jobs) >= 45
-    broken = {a.job: a.broken for a in map(lambda j: audit.check_job(corpus_con, j), jobs)
-              if a.broken}
-    assert broken == {}
+    checked = audit.check_jobs(corpus_con)
+    assert sorted(checked) == jobs
+    assert {j: a.broken for j, a in checked.items() if a.broken} == {}
