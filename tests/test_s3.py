@@ -209,18 +209,17 @@ def test_many_parts_become_one_object_per_table(bucket: str, tmp_path: Path) -> 
     assert con_a.execute(q).fetchall() == con_b.execute(q).fetchall()
 
 
-def test_a_writer_killed_mid_upload_changes_nothing(bucket: str, tmp_path: Path) -> None:
-    url = f"s3://{bucket}/st"
-    assert run("ingest", RANK0, "--store", url, "--job", "j", "--rank", "0")[0] == 0
-    before, rows = pointer(bucket), table_rows(url)
-    marker = tmp_path / "uploaded-3"
+def _stalled_upload(url: str, tmp_path: Path, n: int) -> subprocess.Popen:
+    """A real ``tracetool ingest`` of rank 1 into ``url``, stopped (asleep) right after its
+    ``n``-th object upload, for a test to kill there."""
+    marker = tmp_path / f"uploaded-{n}"
     script = (
         "import sys, time\n"
         "import tracetool.objstore as o\n"
         "real, n = o.ObjectStore.upload, [0]\n"
         "def upload(self, path, rel):\n"
         "    real(self, path, rel); n[0] += 1\n"
-        "    if n[0] == 3:\n"
+        f"    if n[0] == {n}:\n"
         "        open(sys.argv[1], 'w').close(); time.sleep(120)\n"
         "o.ObjectStore.upload = upload\n"
         "from tracetool.cli import cli\n"
@@ -228,11 +227,22 @@ def test_a_writer_killed_mid_upload_changes_nothing(bucket: str, tmp_path: Path)
     proc = subprocess.Popen([sys.executable, "-c", script, str(marker), "ingest", str(RANK1),
                              "--store", url, "--job", "j", "--rank", "1", "--workers", "1"],
                             cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 120
+    while not marker.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if not marker.exists():
+        proc.kill()
+        raise AssertionError(proc.stderr.read().decode() if proc.poll() is not None else
+                             "the upload never reached the stop")
+    return proc
+
+
+def test_a_writer_killed_mid_upload_changes_nothing(bucket: str, tmp_path: Path) -> None:
+    url = f"s3://{bucket}/st"
+    assert run("ingest", RANK0, "--store", url, "--job", "j", "--rank", "0")[0] == 0
+    before, rows = pointer(bucket), table_rows(url)
+    proc = _stalled_upload(url, tmp_path, 3)
     try:
-        deadline = time.monotonic() + 120
-        while not marker.exists() and proc.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert marker.exists(), proc.stderr.read().decode() if proc.poll() is not None else ""
         os.kill(proc.pid, signal.SIGKILL)
     finally:
         proc.kill()
@@ -567,26 +577,8 @@ def test_orphans_of_a_writer_killed_mid_upload_are_collected_by_the_next(
     those 6 and nothing the store references."""
     url = f"s3://{bucket}/st"
     assert run("ingest", RANK0, "--store", url, "--job", "j", "--rank", "0")[0] == 0
-    marker = tmp_path / "uploaded-5"
-    script = (
-        "import sys, time\n"
-        "import tracetool.objstore as o\n"
-        "real, n = o.ObjectStore.upload, [0]\n"
-        "def upload(self, path, rel):\n"
-        "    real(self, path, rel); n[0] += 1\n"
-        "    if n[0] == 5:\n"
-        "        open(sys.argv[1], 'w').close(); time.sleep(120)\n"
-        "o.ObjectStore.upload = upload\n"
-        "from tracetool.cli import cli\n"
-        "cli(sys.argv[2:])\n")
-    proc = subprocess.Popen([sys.executable, "-c", script, str(marker), "ingest", str(RANK1),
-                             "--store", url, "--job", "j", "--rank", "1", "--workers", "1"],
-                            cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = _stalled_upload(url, tmp_path, 5)
     try:
-        deadline = time.monotonic() + 120
-        while not marker.exists() and proc.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert marker.exists(), proc.stderr.read().decode() if proc.poll() is not None else ""
         os.kill(proc.pid, signal.SIGTERM)
         assert proc.wait(60) == 143
     finally:
