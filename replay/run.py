@@ -436,10 +436,11 @@ def collective_listing(replayer: Replayer, scenario: Scenario | None, result: Re
     the group crosses on the target network's placement (``network.link_classes``; the
     source's when the scenario changes no network), measured and projected transfer (the
     last arrival to the end: what the network model prices) and exposed communication,
-    measured and projected: step_breakdown's definition (comm not overlapped by compute,
-    analysis/sql/30_breakdown.sql) applied to each rank's span of the instance, mean over
-    its ranks. Largest projected exposed first. Two collectives in flight at once on a rank
-    both count their exposed time, so the sum can pass the breakdown's exposed comm."""
+    measured and projected: step_breakdown's exposed comm (comm not overlapped by compute,
+    analysis/sql/30_breakdown.sql) shared among the collectives in flight (``_exposed``),
+    mean over its ranks. Largest projected exposed first. The projected breakdown also
+    counts as comm the waits for a CPU-side transfer the projection added (gloo), which
+    belong to no one collective's span."""
     from .graph import COMM_DURATION
     from .model import collective_factors, source_network, target_network
     from .network import link_classes
@@ -490,25 +491,33 @@ def collective_listing(replayer: Replayer, scenario: Scenario | None, result: Re
 
 
 def _exposed(replayer: Replayer, t: np.ndarray, n: int, comm_role: int) -> np.ndarray:
-    """Per collective instance on timeline ``t``: the mean over its ranks of the part of the
-    rank's span of it (its kernel or gloo span) that no compute interval of the rank's
-    breakdown covers."""
+    """Per collective instance on timeline ``t``: its share of its ranks' exposed comm (the
+    mean over its ranks): each stretch of a rank's time that no compute interval of its
+    breakdown covers is split evenly among the collectives in flight on the rank then, so
+    the shares add up to the breakdown's exposed comm (the union of the comm spans outside
+    compute) when the comm intervals are these spans."""
     g = replayer.graph
     own = np.flatnonzero(g.role == comm_role)
     rank = g.rank[g.dst[own] >> 1].astype(np.int64)
     inst = g.inst[own]
-    a, b = t[g.src[own]], t[g.dst[own]]
+    a, b = t[g.src[own]], np.maximum(t[g.dst[own]], t[g.src[own]])
     comp = replayer._iv_what == "compute"
     c_rank = replayer._iv_rank[comp]
     c_s = t[2 * replayer._iv_slot[comp]]
     c_e = t[2 * replayer._iv_slot[comp] + 1]
-    covered = np.zeros(len(own))
+    exp = np.zeros(len(own))
     for r in np.unique(rank).tolist():
         sel = np.flatnonzero(rank == r)
         s, e = _union(c_s[c_rank == r], c_e[c_rank == r])
-        if len(s):
-            covered[sel] = _covered(s, e, b[sel]) - _covered(s, e, a[sel])
-    exp = np.maximum(b - a - covered, 0.0)
+        pts = np.unique(np.concatenate([a[sel], b[sel]]))  # elementary stretches between
+        lo, hi = pts[:-1], pts[1:]
+        busy = np.searchsorted(np.sort(a[sel]), lo, side="right") - np.searchsorted(
+            np.sort(b[sel]), lo, side="right")  # collectives in flight on each stretch
+        free = (hi - lo) - (_covered(s, e, hi) - _covered(s, e, lo) if len(s) else 0.0)
+        share = np.concatenate([[0.0], np.cumsum(np.divide(
+            free, busy, out=np.zeros(len(lo)), where=busy > 0))])
+        exp[sel] = (share[np.searchsorted(pts, b[sel])]
+                    - share[np.searchsorted(pts, a[sel])])
     total = np.bincount(inst, weights=exp, minlength=n)
     count = np.bincount(inst, minlength=n)
     return np.divide(total, count, out=np.zeros(n), where=count > 0)

@@ -318,3 +318,47 @@ def test_the_cli(dlrm, tmp_path: Path) -> None:
                          "gpus_per_node=1,2", "--out", tmp_path / "sw")
     assert (code, err) == (2, f"tracetool: error: --placement {six} places the ranks: give "
                               "it or gpus_per_node in --network, not both\n")
+
+
+# ---- a gloo job: its ring runs in rank order ------------------------------------------------
+
+W4 = Path(__file__).resolve().parents[1] / "sample_traces" / "netlab" / "w4_1gbit"
+W4_SRC = "gpus_per_node=1,inter_node_bw=1Gbit/s,inter_node_latency=43us"
+
+
+@pytest.fixture(scope="module")
+def w4(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Replayer]:
+    store = tmp_path_factory.mktemp("w4") / "store"
+    assert run_ingest([W4], store, "--job", "w4").exit_code == 0
+    c = tracetool.connect(store)
+    yield Replayer.from_store(c, "w4")
+    c.close()
+
+
+def test_gloo_pays_for_an_interleaved_placement_and_exposed_shares_add_up(w4, tmp_path: Path
+                                                                         ) -> None:
+    src = parse_network(W4_SRC)
+    blocks = read_placement(_csv(tmp_path / "b.csv", _blocks_rows(1, 2, n=4)))
+    inter = read_placement(_csv(tmp_path / "i.csv", [(r, f"n{r}", f"d{r % 2}")
+                                                     for r in range(4)]))
+    by_keys = Scenario(source_network=src, network=parse_network(
+        "ranks_per_dc=2,dc_latency=4.9ms", base=src))
+    results = {}
+    for name, p in (("blocks", blocks), ("inter", inter)):
+        sc = Scenario(source_network=src, network=replace(src, placement=p,
+                                                          dc_latency=4.9e-3))
+        results[name] = (sc, w4.run(sc, critical_path=False))
+    keys = w4.run(by_keys, critical_path=False)
+    assert [s.projected_ns for s in keys.steps] == [
+        s.projected_ns for s in results["blocks"][1].steps]
+    # gloo's ring sends rank -> rank + 1: 2 + 2 crosses on 2 of its 4 links, the
+    # interleaved placement on all 4, and every step is slower
+    assert all(i.projected_ns > b.projected_ns for i, b in zip(
+        results["inter"][1].steps, results["blocks"][1].steps, strict=True))
+    # two allreduces in flight at once (gloo's two threads) share the exposed time: the
+    # shares add up to the measured breakdown's exposed comm, step by step summed
+    sc, res = results["inter"]
+    (row,) = collective_listing(w4, sc, res)
+    assert row["links"] == ["inter", "dc"] and row["instances"] == 24
+    total = sum(s.measured["exposed_comm"] for s in res.steps)
+    assert abs(row["measured_exposed_ns"] - total) <= len(res.steps)
