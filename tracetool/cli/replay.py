@@ -249,9 +249,11 @@ def replay_command(store: Path, job: str | None, source_gpu: str | None,
     a --gpu-clock outside the GPU's range, a --power-cap below its minimum limit, either of
     them unparsable or on a CPU job, a bad --steps (A > B, or no step of the job in it),
     --step (not a complete step of the job) or --ranks (a rank the job does not have, a
-    replica that cannot be told), any number outside its range (--help shows them) or a
-    --dp-scale projecting more ranks than the model prices; 1 on a bad store, job or other
-    setting (one line on stderr). The numbers are checked before the graph is built, those
+    replica that cannot be told), any number outside its range (--help shows them), a
+    --dp-scale projecting more ranks than the model prices, or a --placement file that is
+    bad, does not place the job's ranks or changes nothing; 1 on a bad store, job or other
+    setting (one line on stderr). The output ends with the collectives by the links they
+    cross (--json: "collectives"). The numbers are checked before the graph is built, those
     that need the job right after the store is opened."""
     from tracetool.analysis.report import collective_links_section, text_table
     from tracetool.replay.run import BREAKDOWN, Replayer, collective_listing
