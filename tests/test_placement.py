@@ -362,3 +362,23 @@ def test_gloo_pays_for_an_interleaved_placement_and_exposed_shares_add_up(w4, tm
     assert row["links"] == ["inter", "dc"] and row["instances"] == 24
     total = sum(s.measured["exposed_comm"] for s in res.steps)
     assert abs(row["measured_exposed_ns"] - total) <= len(res.steps)
+
+
+def test_a_long_sweep_charts_where_the_time_goes(tmp_path: Path) -> None:
+    """One swept axis of more than 12 values (a curve, not bars): the breakdown is stacked
+    as areas under it, so the chart shows exposed comm growing with the latency."""
+    from tracetool.replay.plots import plot_sweep
+
+    rows = [{"setting": f"dc_latency={i}ms", "axes": {"dc_latency": f"{i}ms"},
+             "measured_step_ns": 20e6, "projected_step_ns": (20 + 3 * i) * 1e6,
+             "low_ns": (19 + 3 * i) * 1e6, "high_ns": (22 + 3 * i) * 1e6,
+             "projected_breakdown_ns": {"compute": 1e6, "exposed_comm": (5 + 3 * i) * 1e6,
+                                        "exposed_memcpy": 0, "idle": 14e6, "comm_ns": 0}}
+            for i in range(14)]
+    ax = plot_sweep(rows, "dc_latency", tmp_path / "sweep.png").axes[0]
+    areas = ax.collections[:4]  # the stacked breakdown, then the band
+    assert [c.get_label() for c in areas] == ["compute", "exposed comm",
+                                              "memcpy (not overlapped)", "idle"]
+    # the top of the exposed comm area at the last setting: compute + exposed comm there
+    top = max(v[1] for v in areas[1].get_paths()[0].vertices if v[0] == 13)
+    assert top == pytest.approx(1 + 5 + 3 * 13)
