@@ -61,7 +61,9 @@ def sweep_command(store: Path, job: str | None, source_gpu: str | None,
     """Evaluate a grid of settings against one built graph: a table (sweep.csv) and a PNG
     (sweep.png: the projected step time and its band; for one axis of up to 12 settings a
     bar per setting, stacked by compute / memcpy / exposed comm / idle; else curves along the
-    first axis, a line per value of the second, a facet per value of the third).
+    first axis, a line per value of the second, a facet per value of the third; one axis's
+    curve over the breakdown stacked as areas). --placement places the ranks for every
+    setting (as for replay; not an axis).
 
     Exit code 0; 2 on a what-if that names or changes nothing: a --gpu entry or --source-gpu
     not in the catalog, a --speedup with an unknown category or one matching no GPU op of
