@@ -613,6 +613,9 @@ def _refuse_network_noop(graph: ReplayGraph, scenario: Scenario, priced: np.ndar
         changed[changed.index("placement")] = f"--placement {dst.layout.source}"
         why = ("every collective crosses the same links, the same way, as on the source "
                f"network's placement ({src.layout.source})")
+    elif "ranks_per_dc" in changed and dst.dc_bw is None and dst.dc_latency == 0:
+        why = ("with no dc_bw or dc_latency a link across datacenters is a node's link, so "
+               "the datacenters move no collective onto another link")
     elif links and all(x == {"dc"} for x in links):
         why = ("no collective of this job crosses datacenters" + (
             "" if dst.ranks_per_dc else " (one datacenter: set ranks_per_dc)"))

@@ -280,6 +280,14 @@ def test_a_placement_that_changes_nothing_is_refused(dlrm, tmp_path: Path) -> No
                                           network=replace(four, placement=two)))
     assert check_scenario(rp.graph, Scenario(source_network=four, network=replace(
         four, placement=two, dc_latency=1e-3))) is None
+    # the shorthand alike (it was accepted, and priced every collective the same)
+    with pytest.raises(NetworkNoOp) as err:
+        check_scenario(rp.graph, Scenario(source_network=four, network=parse_network(
+            "ranks_per_dc=4", base=four)))
+    assert str(err.value) == (
+        "network setting(s) ranks_per_dc change nothing for job dlrm: with no dc_bw or "
+        "dc_latency a link across datacenters is a node's link, so the datacenters move no "
+        "collective onto another link")
 
 
 def test_the_cli(dlrm, tmp_path: Path) -> None:
