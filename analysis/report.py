@@ -681,3 +681,40 @@ def _html(title: str, sections: list[Section]) -> str:
 def to_json(summary: dict[str, Any]) -> str:
     """The summary as one line of JSON."""
     return json.dumps(summary, default=str)
+
+
+def collective_links_section(rows: list[dict[str, Any]], where: str, top: int = TOP
+                             ) -> Section:
+    """Which collectives cross which links and what each costs: the top ``top`` rows of
+    replay's collective listing (``replay.run.collective_listing``, per kind and group,
+    summed over the steps; passed in: the analysis layer does not replay), ``where`` naming
+    the placement and scenario."""
+    sec = Section("Collectives by link", [
+        f"Per kind and group, summed over the steps ({where}): the links the group crosses "
+        "(intra-node, inter-node, dc = across datacenters), its bytes, its transfer (last "
+        "arrival to end) and its exposed part (not overlapped by compute, as in the "
+        "breakdown), measured and projected; largest projected exposed first."])
+    if not rows:
+        sec.lines.append("No collective in the steps.")
+        return sec
+    sec.tables.append((["kind", "group", "links", "n", "MB", "transfer ms", "projected ms",
+                        "exposed ms", "projected exposed ms"], [
+        [r["kind"], _rank_ranges(r["group"]), "+".join(r["links"] or ["?"]),
+         str(r["instances"]), f"{r['bytes'] / 1e6:.3f}" if r["sized"] else "?",
+         _ms(r["measured_transfer_ns"]), _ms(r["projected_transfer_ns"]),
+         _ms(r["measured_exposed_ns"]), _ms(r["projected_exposed_ns"])]
+        for r in rows[:top]]))
+    if len(rows) > top:
+        sec.lines.append(f"{len(rows) - top} more in the JSON.")
+    return sec
+
+
+def _rank_ranges(ranks: list[int]) -> str:
+    """[0, 1, 2, 5] -> '0-2,5'."""
+    out, start = [], None
+    for i, r in enumerate(ranks):
+        start = r if start is None else start
+        if i + 1 == len(ranks) or ranks[i + 1] != r + 1:
+            out.append(str(start) if start == r else f"{start}-{r}")
+            start = None
+    return ",".join(out)

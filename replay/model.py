@@ -56,6 +56,8 @@ from .network import (
     added_latency,
     collective_time,
     default_network,
+    link_classes,
+    priced_shape,
 )
 
 # gloo's ring allreduce is simulated segment by segment (transport.py), quadratic in its
@@ -191,6 +193,8 @@ def check_scenario(graph: ReplayGraph, scenario: Scenario) -> None:
                       "for this one")
     if scenario.changes_network:
         src, dst = source_network(graph, scenario), target_network(graph, scenario)
+        if dst is not None and dst.placement is not None:
+            dst.placement.check_covers(world_size(graph), graph.job)
         if src is not None and dst is not None:  # else collective_factors says what to give
             priced = _priced(graph)
             _refuse_network_noop(graph, scenario, priced, unpriced_comm_note(graph, priced),
@@ -563,20 +567,6 @@ _LINK_OF = {"intra_node_bw": {"intra"}, "intra_node_latency": {"intra"},
             "dc_bw": {"dc"}, "dc_latency": {"dc"}}
 
 
-def _links(net: Network, ranks: list[int]) -> frozenset[str]:
-    """The link levels a collective over ``ranks`` crosses on ``net``."""
-    a = np.asarray(sorted(ranks))
-    node = a // net.gpus_per_node
-    out = set()
-    if (np.bincount(node - node.min()) >= 2).any():
-        out.add("intra")
-    if len(np.unique(node)) > 1:
-        out.add("inter")
-    if net.ranks_per_dc and len(np.unique(a // net.ranks_per_dc)) > 1:
-        out.add("dc")
-    return frozenset(out)
-
-
 class GpuNoOp(WhatIfError):
     """A --gpu that is the GPU the trace ran on (and no clock or power cap): it changes
     nothing. A sweep replays such a grid point on the trace's own GPU (the same numbers)."""
@@ -607,18 +597,26 @@ def _refuse_network_noop(graph: ReplayGraph, scenario: Scenario, priced: np.ndar
         return
     groups = {tuple(sorted(g)) for g, ok in zip(graph.insts["group_ranks"], priced,
                                                  strict=True) if ok}
-    topology = {"gpus_per_node", "ranks_per_dc"} & set(changed)
+    topology = {"gpus_per_node", "ranks_per_dc", "placement"} & set(changed)
+    backend = "nccl" if len(graph.ops["dur"]) else "gloo"  # as collective_factors
     crossed: set[str] = set()
     for g in groups:
-        a, b = _links(src, list(g)), _links(dst, list(g))
-        if topology and a != b:
-            return  # the placement changes which links a collective crosses
-        crossed |= a | b
+        if topology and (priced_shape(src, list(g), backend)
+                         != priced_shape(dst, list(g), backend)):
+            return  # the placement changes the links a collective crosses, or how
+        crossed |= link_classes(src, list(g)) | link_classes(dst, list(g))
     if any(_LINK_OF.get(c, set()) & crossed for c in changed):
         return
     n = max(max(g) + 1 for g in groups)
     links = [_LINK_OF[c] for c in changed if c in _LINK_OF]  # not the placement keys
-    if links and all(x == {"dc"} for x in links):
+    if "placement" in changed:
+        changed[changed.index("placement")] = f"--placement {dst.layout.source}"
+        why = ("every collective crosses the same links, the same way, as on the source "
+               f"network's placement ({src.layout.source})")
+    elif "ranks_per_dc" in changed and dst.dc_bw is None and dst.dc_latency == 0:
+        why = ("with no dc_bw or dc_latency a link across datacenters is a node's link, so "
+               "the datacenters move no collective onto another link")
+    elif links and all(x == {"dc"} for x in links):
         why = ("no collective of this job crosses datacenters" + (
             "" if dst.ranks_per_dc else " (one datacenter: set ranks_per_dc)"))
     elif crossed <= {"intra"}:

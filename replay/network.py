@@ -1,8 +1,9 @@
 """Network topologies and collective costs: NCCL-style alpha-beta steps here, gloo's
 messages over TCP in ``transport.py`` (``collective_time(..., backend="gloo")``).
 
-A topology is GPUs grouped into nodes, and optionally nodes into datacenters: ranks
-``[k * gpus_per_node, (k + 1) * gpus_per_node)`` share node k, ranks
+A topology is GPUs grouped into nodes, and optionally nodes into datacenters: a placement
+(``placement.py``: ``--placement FILE``, any rank -> node -> datacenter map) or its shorthand,
+contiguous blocks: ranks ``[k * gpus_per_node, (k + 1) * gpus_per_node)`` share node k, ranks
 ``[k * ranks_per_dc, (k + 1) * ranks_per_dc)`` share datacenter k. Bandwidths are per GPU and per
 direction, in bytes/s; latencies in seconds. Spec values carry units: ``400Gbit/s``,
 ``50GB/s``, ``5us``, ``10ms``.
@@ -39,6 +40,7 @@ import numpy as np
 from tracetool.errors import InputError
 
 from .hardware import Gpu
+from .placement import Placement
 from .transport import gloo_time
 
 # NCCL constants, us (shared/docs/replay-models.md section 2): base latency and per-step
@@ -70,6 +72,7 @@ MIN_BW, MAX_BW = 1e6 / 8, 1e15 / 8  # bytes/s
 MAX_LATENCY = 10.0  # s
 MAX_WORLD = 131_072
 COUNT_KEYS = ("gpus_per_node", "ranks_per_dc")  # whole numbers, no unit
+LEVELS = ("intra", "inter", "dc")  # link classes, slowest last
 
 
 def parse_bandwidth(text: str | float) -> float:
@@ -147,12 +150,25 @@ class Network:
     ranks_per_dc: int | None = None  # None: one datacenter
     dc_bw: float | None = None  # per GPU per direction across datacenters
     dc_latency: float = 0.0  # one-way, added to every step that crosses datacenters
+    # --placement FILE: where each rank runs; None: the gpus_per_node / ranks_per_dc blocks
+    placement: Placement | None = None
+
+    @property
+    def layout(self) -> Placement:
+        """Where the ranks run: the placement file's map, else the contiguous blocks of
+        gpus_per_node / ranks_per_dc (one object either way: all pricing reads this)."""
+        return self.placement or Placement.blocks(self.gpus_per_node, self.ranks_per_dc)
+
+    def levels(self, a: object, b: object) -> np.ndarray:
+        """Per pair of ranks (array-likes a, b): the slowest link between them as an index
+        into LEVELS (0 intra-node, 1 inter-node, 2 across datacenters)."""
+        na, da = self.layout.where(a)
+        nb, db = self.layout.where(b)
+        return np.where(da != db, 2, np.where(na != nb, 1, 0))
 
     def level(self, a: int, b: int) -> str:
         """The slowest link between ranks a and b: 'intra', 'inter' or 'dc'."""
-        if self.ranks_per_dc and a // self.ranks_per_dc != b // self.ranks_per_dc:
-            return "dc"
-        return "intra" if a // self.gpus_per_node == b // self.gpus_per_node else "inter"
+        return LEVELS[int(self.levels(a, b))]
 
     def link(self, level: str, proto: str, p2p: bool = False, window: bool = True
              ) -> tuple[float, float]:
@@ -172,18 +188,29 @@ class Network:
         return STEP_US["net"][proto] * 1e-6 + one_way, bw
 
 
-_SPEC_KEYS = {f.name for f in fields(Network)}
+_SPEC_KEYS = {f.name for f in fields(Network)} - {"placement"}
 
 
 def parse_network(spec: str, base: Network | None = None) -> Network:
     """A topology from TOML text or an inline 'key=value,key=value' spec (unset keys keep
     ``base``'s values): ``parse_spec``, and InputError for a datacenter that splits a node."""
-    net = replace(base or Network(), **parse_spec(spec))
+    settings = parse_spec(spec)
+    net = replace(base or Network(), **settings)
+    check_placement_spec(net.placement, settings)
     if net.ranks_per_dc and net.ranks_per_dc % net.gpus_per_node:
         raise InputError(f"ranks_per_dc={net.ranks_per_dc} splits a node of gpus_per_node="
                          f"{net.gpus_per_node} across datacenters: give ranks_per_dc as a "
                          "multiple of gpus_per_node (or set gpus_per_node)")
     return net
+
+
+def check_placement_spec(placement: Placement | None, settings: dict | list) -> None:
+    """InputError for a --placement given with a network spec that sets gpus_per_node or
+    ranks_per_dc: both would say where the ranks run."""
+    keys = [k for k in COUNT_KEYS if k in settings]
+    if placement is not None and keys:
+        raise InputError(f"--placement {placement.source} places the ranks: give it or "
+                         f"{'/'.join(keys)} in --network, not both")
 
 
 def parse_spec(spec: str) -> dict[str, object]:
@@ -236,19 +263,64 @@ def _ring(net: Network, kind: str, nbytes: float, ranks: list[int], proto: str) 
 def _ring_level(net: Network, ranks: list[int]) -> str:
     """The slowest link of the ring over ``ranks`` (each to the next, the last to the first):
     'dc', 'inter' or 'intra' (vectorized: rings of thousands of ranks are priced per
-    collective instance)."""
+    collective instance). Any ring order gives the same: a ring over ranks on more than one
+    node (datacenter) has a link between two of them, wherever they sit in it."""
     a = np.asarray(ranks)
-    b = np.roll(a, -1)
-    if net.ranks_per_dc and (a // net.ranks_per_dc != b // net.ranks_per_dc).any():
-        return "dc"
-    return "inter" if (a // net.gpus_per_node != b // net.gpus_per_node).any() else "intra"
+    return LEVELS[int(net.levels(a, np.roll(a, -1)).max())]
 
 
 def _nodes(net: Network, ranks: list[int]) -> list[list[int]]:
-    """``ranks`` (sorted) grouped by node."""
+    """``ranks`` (sorted) grouped by node, the nodes in the order of their lowest rank."""
     a = np.asarray(ranks)
-    cuts = np.flatnonzero(np.diff(a // net.gpus_per_node)) + 1
-    return [g.tolist() for g in np.split(a, cuts)]
+    node = net.layout.where(a)[0]
+    order = np.argsort(node, kind="stable")
+    cuts = np.flatnonzero(np.diff(node[order])) + 1
+    groups = [g.tolist() for g in np.split(a[order], cuts)]
+    return sorted(groups, key=lambda g: g[0])
+
+
+def link_classes(net: Network, ranks: list[int]) -> frozenset[str]:
+    """The link classes a collective over ``ranks`` crosses on ``net``'s placement: 'intra'
+    (two of its ranks share a node), 'inter' (it spans nodes), 'dc' (it spans datacenters)."""
+    node, dc = net.layout.where(sorted(ranks))
+    out = set()
+    if len(np.unique(node)) < len(node):
+        out.add("intra")
+    if len(np.unique(node)) > 1:
+        out.add("inter")
+    if len(np.unique(dc)) > 1:
+        out.add("dc")
+    return frozenset(out)
+
+
+def priced_shape(net: Network, ranks: list[int], backend: str = "nccl") -> tuple:
+    """What the pricing reads from the placement for a collective over ``ranks``: two
+    placements with the same shape price it the same (``model._refuse_network_noop``: a
+    placement that changes no shape changes no edge). Crossing datacenters counts as
+    crossing nodes when the network sets no datacenter link (the links are then equal).
+    NCCL's ring is paced by its slowest link, wherever it is; gloo's is simulated link by
+    link in rank order, and its all-to-all from the lowest rank. Keep in step with
+    ``_ring``, ``_hierarchical``, ``_all_to_all`` and transport.py."""
+    a = np.asarray(sorted(ranks))
+    node, dc = net.layout.where(a)
+    lv, first = net.levels(a, np.roll(a, -1)), net.levels(a[0], a)
+    if net.dc_bw is None and net.dc_latency == 0:
+        lv, first, dc = np.minimum(lv, 1), np.minimum(first, 1), np.zeros_like(dc)
+    if backend == "gloo":
+        return tuple(lv.tolist()), tuple(first.tolist())
+    nodes = _nodes(net, a.tolist())
+    leaders = np.isin(a, [g[0] for g in nodes])
+    return (int(lv.max()), tuple(len(g) for g in nodes), len(np.unique(dc[leaders])),
+            tuple(sorted(map(tuple, _peer_counts(node, dc).tolist()))))
+
+
+def _peer_counts(node: np.ndarray, dc: np.ndarray) -> np.ndarray:
+    """Per rank of a group (its ranks' node and datacenter numbers): how many of the others
+    are on its node, on other nodes of its datacenter, and in other datacenters (n x 3)."""
+    _, ni, nc = np.unique(node, return_inverse=True, return_counts=True)
+    _, di, dcount = np.unique(dc, return_inverse=True, return_counts=True)
+    same_node, same_dc = nc[ni], dcount[di]
+    return np.stack([same_node - 1, same_dc - same_node, len(node) - same_dc], axis=1)
 
 
 def _hierarchical(net: Network, kind: str, nbytes: float, ranks: list[int], proto: str
@@ -308,16 +380,17 @@ def _all_to_all(net: Network, nbytes: float, ranks: list[int], proto: str) -> fl
     rank's link carries all peers' bytes (each peer's connection also under its window)."""
     n = len(ranks)
     per_pair = nbytes / n
-    src = ranks[0]
     total = 0.0
-    for level in ("intra", "inter", "dc"):
-        peers = sum(1 for r in ranks if r != src and net.level(src, r) == level)
-        if peers:
-            lat, bw = net.link(level, proto, p2p=True)  # each peer's connection its window
-            if level != "intra":
-                bw = min(bw * peers, net.link(level, proto, window=False)[1])
-            total = max(total, math.ceil(peers / P2P_PER_BATCH) * lat
-                        + (peers * per_pair / bw if bw != math.inf else 0))
+    # every rank's peers by link class: the rank with the most peers across the slowest
+    # links paces it (with contiguous blocks every rank sees the same counts)
+    for counts in np.unique(_peer_counts(*net.layout.where(ranks)), axis=0).tolist():
+        for level, peers in zip(LEVELS, counts, strict=True):
+            if peers:
+                lat, bw = net.link(level, proto, p2p=True)  # each peer's connection its window
+                if level != "intra":
+                    bw = min(bw * peers, net.link(level, proto, window=False)[1])
+                total = max(total, math.ceil(peers / P2P_PER_BATCH) * lat
+                            + (peers * per_pair / bw if bw != math.inf else 0))
     return total
 
 

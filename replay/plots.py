@@ -68,7 +68,9 @@ def plot_sweep(rows: list[dict], axis: str, path: Path) -> Any:
     A grid of one axis with few settings is a stacked bar per setting (compute / memcpy /
     exposed comm / idle); any larger grid is lines: the first axis that varies along x, one
     line per value of the second, one facet per value of the third (the rest, if any, in
-    the line's label), so a 36-setting sweep reads as curves, not 36 crowded bars."""
+    the line's label), so a 36-setting sweep reads as curves, not 36 crowded bars. With one
+    axis the curve sits on the breakdown stacked as areas: where the time goes as the swept
+    value grows."""
     varying = [k for k in (rows[0].get("axes") or {})
                if len({r["axes"][k] for r in rows}) > 1]
     if len(varying) <= 1 and len(rows) <= 12:
@@ -87,6 +89,11 @@ def plot_sweep(rows: list[dict], axis: str, path: Path) -> Any:
                    if ", ".join(f"{k}={r['axes'][k]}" for k in line_keys) == label]
             pos = [xs.index(r["axes"][x_key]) for r in pts]
             ms = [r["projected_step_ns"] / 1e6 for r in pts]
+            if len(varying) == 1:  # one curve: the breakdown under it
+                ax.stackplot(pos, *[[max(0, r["projected_breakdown_ns"].get(k, 0)) / 1e6
+                                     for r in pts] for k, _, _ in PARTS],
+                             colors=[c for _, _, c in PARTS],
+                             labels=[lab for _, lab, _ in PARTS], alpha=0.6)
             line, = ax.plot(pos, ms, marker="o", label=label or "projected")
             ax.fill_between(pos, [r["low_ns"] / 1e6 for r in pts],
                             [r["high_ns"] / 1e6 for r in pts], color=line.get_color(),

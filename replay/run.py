@@ -427,3 +427,119 @@ def unchanged_note(steps: list[StepResult], changed: bool) -> list[str]:
     return ["no step time changed: the events this what-if moves are off every step's "
             f"critical path{bound}, so the step is bound by other work, e.g. the CPU side of "
             "a host-bound step"]
+
+
+def collective_listing(replayer: Replayer, scenario: Scenario | None, result: ReplayResult
+                       ) -> list[dict]:
+    """Per (kind, group) of the collectives in ``result``'s reported steps, summed over
+    their instances: bytes (each instance's recorded size, nccl-tests' S), the link classes
+    the group crosses on the target network's placement (``network.link_classes``; the
+    source's when the scenario changes no network), measured and projected transfer (the
+    last arrival to the end: what the network model prices) and exposed communication,
+    measured and projected: step_breakdown's exposed comm (comm not overlapped by compute,
+    analysis/sql/30_breakdown.sql) shared among the collectives in flight (``_exposed``),
+    mean over its ranks. Largest projected exposed first. The projected breakdown also
+    counts as comm the waits for a CPU-side transfer the projection added (gloo), which
+    belong to no one collective's span."""
+    from .graph import COMM_DURATION
+    from .model import collective_factors, source_network, target_network
+    from .network import link_classes
+
+    scenario = scenario or Scenario()
+    g = replayer.graph
+    insts = g.insts
+    n = len(insts["transfer_ns"])
+    k = collective_factors(g, scenario)[0]
+    net = (target_network(g, scenario) if scenario.changes_network
+           else source_network(g, scenario))
+    reported = {s.step for s in result.steps}
+    keep = (np.isin(insts["step"], [s for s in reported if s is not None])
+            if None not in reported else np.ones(n, dtype=bool))
+    exposed = {"measured": _exposed(replayer, g.t0, n, COMM_DURATION),
+               "projected": _exposed(replayer, result.times, n, COMM_DURATION)}
+    out: dict[tuple, dict] = {}
+    for i in np.flatnonzero(keep).tolist():
+        group = tuple(int(r) for r in insts["group_ranks"][i])
+        key = (str(insts["kind"][i]), group)
+        if key not in out:
+            out[key] = {
+                "kind": key[0], "group": list(group), "pg_desc": insts["pg_desc"][i],
+                "instances": 0, "bytes": 0, "sized": True,
+                "links": (sorted(link_classes(net, list(group)), key=["intra", "inter",
+                                                                       "dc"].index)
+                          if net is not None and len(group) > 1 else None),
+                "measured_transfer_ns": 0, "projected_transfer_ns": 0,
+                "measured_exposed_ns": 0, "projected_exposed_ns": 0}
+        row = out[key]
+        row["instances"] += 1
+        b = insts["bytes"][i]
+        if np.isfinite(b):
+            row["bytes"] += int(b)
+        else:
+            row["sized"] = False  # the trace records no size for it
+        t = float(insts["transfer_ns"][i])
+        row["measured_transfer_ns"] += t
+        row["projected_transfer_ns"] += t * float(k[i])
+        row["measured_exposed_ns"] += exposed["measured"][i]
+        row["projected_exposed_ns"] += exposed["projected"][i]
+    rows = list(out.values())
+    for row in rows:
+        for col in ("measured_transfer_ns", "projected_transfer_ns", "measured_exposed_ns",
+                    "projected_exposed_ns"):
+            row[col] = round_ns(row[col])
+    return sorted(rows, key=lambda r: (-r["projected_exposed_ns"], r["kind"], r["group"]))
+
+
+def _exposed(replayer: Replayer, t: np.ndarray, n: int, comm_role: int) -> np.ndarray:
+    """Per collective instance on timeline ``t``: its share of its ranks' exposed comm (the
+    mean over its ranks): each stretch of a rank's time that no compute interval of its
+    breakdown covers is split evenly among the collectives in flight on the rank then, so
+    the shares add up to the breakdown's exposed comm (the union of the comm spans outside
+    compute) when the comm intervals are these spans."""
+    g = replayer.graph
+    own = np.flatnonzero(g.role == comm_role)
+    rank = g.rank[g.dst[own] >> 1].astype(np.int64)
+    inst = g.inst[own]
+    a, b = t[g.src[own]], np.maximum(t[g.dst[own]], t[g.src[own]])
+    comp = replayer._iv_what == "compute"
+    c_rank = replayer._iv_rank[comp]
+    c_s = t[2 * replayer._iv_slot[comp]]
+    c_e = t[2 * replayer._iv_slot[comp] + 1]
+    exp = np.zeros(len(own))
+    for r in np.unique(rank).tolist():
+        sel = np.flatnonzero(rank == r)
+        s, e = _union(c_s[c_rank == r], c_e[c_rank == r])
+        pts = np.unique(np.concatenate([a[sel], b[sel]]))  # elementary stretches between
+        lo, hi = pts[:-1], pts[1:]
+        busy = np.searchsorted(np.sort(a[sel]), lo, side="right") - np.searchsorted(
+            np.sort(b[sel]), lo, side="right")  # collectives in flight on each stretch
+        free = (hi - lo) - (_covered(s, e, hi) - _covered(s, e, lo) if len(s) else 0.0)
+        share = np.concatenate([[0.0], np.cumsum(np.divide(
+            free, busy, out=np.zeros(len(lo)), where=busy > 0))])
+        exp[sel] = (share[np.searchsorted(pts, b[sel])]
+                    - share[np.searchsorted(pts, a[sel])])
+    total = np.bincount(inst, weights=exp, minlength=n)
+    count = np.bincount(inst, minlength=n)
+    return np.divide(total, count, out=np.zeros(n), where=count > 0)
+
+
+def _union(s: np.ndarray, e: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The disjoint intervals (sorted) covering the intervals [s, e)."""
+    order = np.argsort(s, kind="stable")
+    s, e = s[order], e[order]
+    if not len(s):
+        return s, e
+    reach = np.maximum.accumulate(e)
+    new = np.concatenate([[True], s[1:] > reach[:-1]])
+    idx = np.flatnonzero(new)
+    ends = np.concatenate([reach[idx[1:] - 1], [reach[-1]]])
+    return s[idx], ends
+
+
+def _covered(s: np.ndarray, e: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """For disjoint sorted intervals [s, e): the length of them before each point x."""
+    cum = np.concatenate([[0.0], np.cumsum(e - s)])
+    j = np.searchsorted(s, x, side="right")  # intervals starting at or before x
+    last = np.maximum(j - 1, 0)
+    inside = np.where(j > 0, np.minimum(x, e[last]) - s[last], 0.0)
+    return cum[np.maximum(j - 1, 0)] * (j > 0) + np.maximum(inside, 0.0)

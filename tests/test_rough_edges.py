@@ -144,8 +144,8 @@ def test_a_big_sweep_is_curves_and_facets_not_36_bars(tmp_path: Path) -> None:
     netlab = SAMPLES.parent / "netlab" / "bw_1gbit"
     ingest([netlab], Options(tmp_path / "s", job="n"))
     r = Replayer.from_store(tracetool.connect(tmp_path / "s"), "n")
-    base = Scenario(source_network=parse_network(
-        "gpus_per_node=1,inter_node_bw=1Gbit/s,inter_node_latency=43us"))
+    base = Scenario(source_network=parse_network(  # a dc_latency: ranks_per_dc changes links
+        "gpus_per_node=1,inter_node_bw=1Gbit/s,inter_node_latency=43us,dc_latency=1ms"))
     rows = sweep(r, base, ["inter_node_bw=100Mbit/s,200Mbit/s,500Mbit/s,1,2,5Gbit/s",
                            "inter_node_latency=43us,1ms,5ms", "ranks_per_dc=1,2"])
     assert len(rows) == 36 and rows[0]["axes"] == {

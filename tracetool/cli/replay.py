@@ -40,7 +40,14 @@ from tracetool.replay.model import (
     check_speedups,
     resolve_gpu,
 )
-from tracetool.replay.network import MAX_WORLD, Network, parse_network, parse_spec
+from tracetool.replay.network import (
+    MAX_WORLD,
+    Network,
+    check_placement_spec,
+    parse_network,
+    parse_spec,
+)
+from tracetool.replay.placement import Placement, read_placement
 from tracetool.schema import MAX_STEP
 
 if TYPE_CHECKING:
@@ -59,6 +66,23 @@ def _spec(text: str) -> str:
 
 
 GPU_HELP = catalog_help()  # built from replay/gpus/*.toml
+
+PLACEMENT_HELP = ("Place the ranks for the projection: a CSV file with the header "
+                  "rank,node,datacenter (one line per rank) or a TOML file ([nodes] name = "
+                  "[ranks], [datacenters] name = [nodes]); each rank of the job once, a node "
+                  "in one datacenter. Instead of --network's gpus_per_node / ranks_per_dc "
+                  "(contiguous blocks).")
+
+
+def placement_of(path: str | None, keys: list[str]) -> Placement | None:
+    """--placement's file, read and checked once before the store is opened (InputError),
+    and refused with a network spec or axis that sets (``keys``) gpus_per_node or
+    ranks_per_dc."""
+    if path is None:
+        return None
+    placed = read_placement(path)
+    check_placement_spec(placed, keys)
+    return placed
 
 
 def scenario_options(fn: Callable) -> Callable:
@@ -178,6 +202,13 @@ def base_scenario(replayer: Replayer, source_gpu: str | None, source_net: str | 
         power_cap=parse_power_cap(power_cap) if power_cap is not None else None)
 
 
+def placed_scenario(replayer: Replayer, sc: Scenario, placed: Placement) -> Scenario:
+    """``sc`` projected onto ``placed``: the source network with the ranks placed there (a
+    sweep's settings start from it)."""
+    base = replace(model.source_network(replayer.graph, sc) or Network(), placement=placed)
+    return replace(sc, network=base)
+
+
 @click.command("replay")
 @click.argument("store", type=store_arg(file_okay=False))
 @scenario_options
@@ -190,6 +221,7 @@ def base_scenario(replayer: Replayer, source_gpu: str | None, source_net: str | 
                                 "dc_bw, dc_latency; units like 400Gbit/s, 5us) or a TOML file. "
                                 "Bandwidths 1Mbit/s to 1Pbit/s or inf, latencies 0 to 10s, "
                                 f"counts 1 to {MAX_WORLD}; each key once.")
+@click.option("--placement", type=click.Path(dir_okay=False), help=PLACEMENT_HELP)
 @click.option("--dp-scale", type=Int(1, MAX_WORLD), default=1, show_default=True,
               help="Data-parallel groups K times larger (comm re-costed, compute unchanged); "
                    f"the projected job has at most {MAX_WORLD} ranks ({MAX_GLOO_WORLD} for a "
@@ -205,8 +237,8 @@ def replay_command(store: Path, job: str | None, source_gpu: str | None,
                    include_incomplete: bool, annotation: str | None, instance: int | None,
                    window: str | None, steps_range: str | None, ranks_spec: str | None,
                    step: int | None, gpu: str | None,
-                   network: str | None, dp_scale: int, as_json: bool, chrome: Path | None,
-                   plot: Path | None) -> None:
+                   network: str | None, placement: str | None, dp_scale: int, as_json: bool,
+                   chrome: Path | None, plot: Path | None) -> None:
     """Replay a job's dependency graph with new kernel and collective durations and print
     measured vs projected step time per step, the projected breakdown, the projected
     critical path and an uncertainty band. With no what-if it replays the trace as measured
@@ -217,11 +249,14 @@ def replay_command(store: Path, job: str | None, source_gpu: str | None,
     a --gpu-clock outside the GPU's range, a --power-cap below its minimum limit, either of
     them unparsable or on a CPU job, a bad --steps (A > B, or no step of the job in it),
     --step (not a complete step of the job) or --ranks (a rank the job does not have, a
-    replica that cannot be told), any number outside its range (--help shows them) or a
-    --dp-scale projecting more ranks than the model prices; 1 on a bad store, job or other
-    setting (one line on stderr). The numbers are checked before the graph is built, those
+    replica that cannot be told), any number outside its range (--help shows them), a
+    --dp-scale projecting more ranks than the model prices, or a --placement file that is
+    bad, does not place the job's ranks or changes nothing; 1 on a bad store, job or other
+    setting (one line on stderr). The output ends with the collectives by the links they
+    cross (--json: "collectives"). The numbers are checked before the graph is built, those
     that need the job right after the store is opened."""
-    from tracetool.replay.run import BREAKDOWN, Replayer
+    from tracetool.analysis.report import collective_links_section, text_table
+    from tracetool.replay.run import BREAKDOWN, Replayer, collective_listing
 
     try:
         for option, path in (("--chrome-trace", chrome), ("--plot", plot)):
@@ -229,6 +264,7 @@ def replay_command(store: Path, job: str | None, source_gpu: str | None,
                 check_output(path, option, [store])
         parse_whatifs(source_gpu, speedups, (gpu,) if gpu is not None else (), gpu_clock,
                       power_cap, (source_network, network))
+        placed = placement_of(placement, list(parse_spec(_spec(network))) if network else [])
         steps, ranks = parse_bounds(steps_range, ranks_spec, step)
         windows = windows_of(annotation, instance, window)
         start_compiler()
@@ -257,9 +293,14 @@ def replay_command(store: Path, job: str | None, source_gpu: str | None,
         if sc.power_cap is not None:
             label.append(f"power_cap={sc.power_cap}")
         if network is not None:
-            base = model.source_network(replayer.graph, sc) or Network()
+            base = replace(model.source_network(replayer.graph, sc) or Network(),
+                           placement=placed)
             sc = replace(sc, network=parse_network(_spec(network), base=base))
             label.append(f"network={network}")
+        elif placed is not None:
+            sc = placed_scenario(replayer, sc, placed)
+        if placed is not None:
+            label.append(f"placement={placement}")
         if dp_scale != 1:
             sc = replace(sc, dp_scale=dp_scale)
             label.append(f"dp_scale={dp_scale}")
@@ -272,6 +313,7 @@ def replay_command(store: Path, job: str | None, source_gpu: str | None,
             result.steps = [s for s in result.steps if s.step == step]
             if not result.steps:
                 raise InputError(f"{store}: job {job} has no complete ProfilerStep#{step}")
+        listing = collective_listing(replayer, sc, result)
         written = None
         if chrome:
             from tracetool.replay.timeline import write_projected_trace
@@ -285,6 +327,7 @@ def replay_command(store: Path, job: str | None, source_gpu: str | None,
     except (click.ClickException, duckdb.Error, OSError, ValueError) as err:
         fail_for(store, err)
     report = result.to_dict()
+    report["collectives"] = listing
     if chrome:
         report["chrome_trace"] = {"path": str(chrome), "events": written}
     if as_json:
@@ -317,6 +360,15 @@ def replay_command(store: Path, job: str | None, source_gpu: str | None,
     total = sum(path.values()) or 1
     click.echo("projected critical path: " + ", ".join(
         f"{k} {100 * v / total:.0f}%" for k, v in sorted(path.items(), key=lambda kv: -kv[1])))
+    if listing:
+        net = model.target_network(replayer.graph, sc) if sc.changes_network else \
+            model.source_network(replayer.graph, sc)
+        where = f"placement {net.layout.source}" if net is not None else "network unknown"
+        sec = collective_links_section(listing, where, top=5)
+        click.echo(f"collectives by link ({where}; top {min(5, len(listing))} of "
+                   f"{len(listing)} by projected exposed, summed over the steps):")
+        for line in text_table(*sec.tables[0]):
+            click.echo(f"  {line}")
     if chrome:
         click.echo(f"wrote {chrome} ({written} events): open it in https://ui.perfetto.dev")
     if plot:

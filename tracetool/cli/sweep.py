@@ -17,17 +17,20 @@ from tracetool.cli._job import windows_of
 from tracetool.cli._store import store_arg
 from tracetool.cli.replay import (
     GPU_HELP,
+    PLACEMENT_HELP,
     base_scenario,
     bounds_options,
     parse_bounds,
     parse_whatifs,
+    placed_scenario,
+    placement_of,
     scenario_options,
     start_compiler,
 )
 from tracetool.errors import InputError
 from tracetool.outputs import atomic_write, check_output
 from tracetool.replay.graph import Bounds, job_ranks
-from tracetool.replay.model import check_dp_scale
+from tracetool.replay.model import check_dp_scale, check_scenario
 from tracetool.replay.network import MAX_WORLD
 from tracetool.replay.plots import plot_sweep
 
@@ -40,6 +43,7 @@ from tracetool.replay.plots import plot_sweep
               help="A network axis key=v1,v2,... (e.g. inter_node_bw=25,50,100Gbit/s; one "
                    "key per --network, each value in its range as for replay --network); "
                    "repeat for a grid.")
+@click.option("--placement", type=click.Path(dir_okay=False), help=PLACEMENT_HELP)
 @click.option("--gpu", "gpus", help=f"GPUs to project onto, comma-separated (an axis), each "
                                      f"{GPU_HELP}.")
 @click.option("--dp-scale", "dp_scales", help="Data-parallel scales, comma-separated (an axis), "
@@ -52,12 +56,14 @@ def sweep_command(store: Path, job: str | None, source_gpu: str | None,
                   gpu_clock: str | None, power_cap: str | None, include_incomplete: bool,
                   annotation: str | None, instance: int | None,
                   window: str | None, steps_range: str | None, ranks_spec: str | None,
-                  axes: tuple[str, ...], gpus: str | None,
+                  axes: tuple[str, ...], placement: str | None, gpus: str | None,
                   dp_scales: str | None, out: Path, as_json: bool) -> None:
     """Evaluate a grid of settings against one built graph: a table (sweep.csv) and a PNG
     (sweep.png: the projected step time and its band; for one axis of up to 12 settings a
     bar per setting, stacked by compute / memcpy / exposed comm / idle; else curves along the
-    first axis, a line per value of the second, a facet per value of the third).
+    first axis, a line per value of the second, a facet per value of the third; one axis's
+    curve over the breakdown stacked as areas). --placement places the ranks for every
+    setting (as for replay; not an axis).
 
     Exit code 0; 2 on a what-if that names or changes nothing: a --gpu entry or --source-gpu
     not in the catalog, a --speedup with an unknown category or one matching no GPU op of
@@ -72,12 +78,12 @@ def sweep_command(store: Path, job: str | None, source_gpu: str | None,
         check_output(out, "--out", [store], directory=True)
         if not axes and gpus is None and dp_scales is None:
             raise click.ClickException("nothing to sweep: give --network key=v1,v2,..., "
-                                       "--gpu or --dp-scale")
+                                       "--gpu or --dp-scale (--placement is not an axis)")
         scales = _dp_scales(dp_scales) if dp_scales is not None else None
         gpu_list = [g.strip() for g in gpus.split(",")] if gpus is not None else []
         parse_whatifs(source_gpu, speedups, tuple(gpu_list), gpu_clock, power_cap,
                       (source_network,))
-        parse_axes(list(axes))
+        placed = placement_of(placement, [k for k, _ in parse_axes(list(axes))])
         bounds = Bounds(*parse_bounds(steps_range, ranks_spec))
         windows = windows_of(annotation, instance, window)
         start_compiler()
@@ -91,6 +97,9 @@ def sweep_command(store: Path, job: str | None, source_gpu: str | None,
         replayer = Replayer.from_store(con, job, bounds)
         base = base_scenario(replayer, source_gpu, source_network, speedups, gpu_clock,
                              power_cap)
+        if placed is not None:  # every setting on it (checked to change a priced edge)
+            base = placed_scenario(replayer, base, placed)
+            check_scenario(replayer.graph, base)  # a placement that changes nothing
         rows = sweep(replayer, base, list(axes), gpu_list or None, scales,
                      include_incomplete=include_incomplete)
         warn_collectives(con, job)  # after the what-ifs were checked: a bad one is one line
