@@ -404,6 +404,56 @@ def test_the_band_spans_both_power_laws_and_never_beats_the_boost_clock(
                              "at least the measured step")
 
 
+# one CPU thread launching one GEMM (no shapes: compute-bound, boost / clock) and waiting for
+# it: the window is 300 us of CPU and waits plus the kernel's 100 us (tests/test_cpu_speedup.py)
+ONE_GEMM = [
+    {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": 0, "dur": 100},
+    {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1,
+     "ts": 20, "dur": 10, "args": {"correlation": 1}},
+    {"ph": "X", "cat": "cuda_runtime", "name": "cudaDeviceSynchronize", "pid": 1, "tid": 1,
+     "ts": 110, "dur": 150},
+    {"ph": "X", "cat": "kernel", "name": "ampere_sgemm_128x64_nn", "pid": 0, "tid": 7,
+     "ts": 150, "dur": 100, "args": {"correlation": 1, "stream": 7, "device": 0}},
+    {"ph": "X", "cat": "cpu_op", "name": "aten::add", "pid": 1, "tid": 1, "ts": 270, "dur": 130},
+]
+
+
+@pytest.fixture(scope="module")
+def one_gemm(tmp_path_factory: pytest.TempPathFactory) -> Replayer:
+    from tracetool.ingest.pipeline import Options, ingest
+
+    from ._util import kineto_text, write
+
+    d = tmp_path_factory.mktemp("gemm")
+    trace = write(d / "rank0.json", kineto_text(ONE_GEMM, rank=None))
+    assert ingest([trace], Options(store=d / "store", job="g", rank=0))[0].status == "ingested"
+    return Replayer.from_store(tracetool.connect(d / "store"), "g")
+
+
+@pytest.mark.parametrize(("cap", "clock"), [("25%", None), ("50%", None), ("90%", None),
+                                            (None, 705.0)])
+def test_the_band_of_one_gemm_by_hand(one_gemm: Replayer, cap: str | None,
+                                      clock: float | None) -> None:
+    """The step is 300 us + the kernel (100 us x boost / f). The band: low, the cubic law's
+    step with the kernel at x/1.5 (kernel_large), but never below the measured 400 us; high,
+    the linear law's (the clock a cap gives if power is linear in it, at least the lowest
+    clock: 210 MHz at a 25% cap) with the kernel at x 1.5."""
+    t = _toml("a100")
+    boost = t["clocks"]["boost_mhz"]
+    cubic, linear = (_clocks("a100", float(cap[:-1]) / 100 * t["power"]["tdp_w"])
+                     if cap else (clock, clock))
+    res = one_gemm.run(Scenario(source_gpu=resolve_gpu("a100"), gpu_clock_mhz=clock,
+                                power_cap=parse_power_cap(cap) if cap else None))
+    (s,) = res.steps
+    us = 1000
+    assert s.measured_ns == 400 * us
+    assert s.projected_ns == round((300 + 100 * boost / cubic) * us)
+    assert s.low_ns == round(max(400, 300 + 100 * boost / cubic / 1.5) * us)
+    assert s.high_ns == round((300 + 100 * boost / linear * 1.5) * us)
+    if cap == "25%":
+        assert linear == t["clocks"]["min_mhz"] and s.low_ns > s.measured_ns
+
+
 def test_a_lower_clock_and_a_targets_cap_keep_the_floor(replayers: dict[str, Replayer]) -> None:
     """A clock lock (no law to span) starts at the measured step too; with --gpu the floor is
     the low end of the target's band at its boost clock, which a cap never lowers."""
