@@ -26,10 +26,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tracetool.graph import KIND_NAMES
-
-from .graph import COMM_DURATION, FIXED, OP_DURATION, TRANSFER, ReplayGraph
-from .model import Scenario, target_network
+from .graph import COMM_DURATION, OP_DURATION, TRANSFER, ReplayGraph
+from .model import Scenario, cpu_work, source_gpu, target_network, weights
 from .network import collective_time
 
 SMALL_KERNEL_NS = 10_000  # below this a kernel is launch/latency-bound (issue 13, item 5)
@@ -55,7 +53,9 @@ ERRORS: dict[str, ErrorTerm] = {
         "(replay-models.md)", measured=False),
     "host_cpu": ErrorTerm(
         0.12, "bert-small H100 <-> MI300X pair: the CPU-bound step (the hosts differ) measured "
-        "4.426 and 4.007 ms, 10.5% apart; --gpu keeps the host's CPU time as measured"),
+        "4.426 and 4.007 ms, 10.5% apart; --gpu keeps the host's CPU time as measured. "
+        "--cpu-speedup scales all CPU work by one factor, where the pair's kinds of CPU work "
+        "differ by 1.05-1.12x"),
     "net_bandwidth": ErrorTerm(
         0.12, "netlab (sample_traces/netlab, 2026-12-01): DDP allreduces projected from every "
         "setting onto every other of the same job, transport model of replay/transport.py: "
@@ -94,9 +94,8 @@ def edge_errors(graph: ReplayGraph, scenario: Scenario, w: np.ndarray
         small[ops] = graph.ops["dur"][graph.op[ops]] < SMALL_KERNEL_NS
         put(ops & changed & small, "kernel_small")
         put(ops & changed & ~small, "kernel_large")
-    if scenario.gpu is not None:  # another machine: its host's CPU time is not measured
-        cpu = (role == FIXED) & (graph.kind == KIND_NAMES.index("cpu_order")) & (w > 0)
-        put(cpu, "host_cpu")
+    if scenario.gpu is not None or scenario.changes_cpu:  # another host, or a faster one:
+        put(cpu_work(graph), "host_cpu")  # its CPU time is not measured
     comm = ((role == COMM_DURATION) | (role == TRANSFER)) & changed
     if comm.any():
         regime = _network_regimes(graph, scenario)
@@ -178,3 +177,45 @@ def describe(used: dict[str, int]) -> list[str]:
         notes.append("band: " + ", ".join(guessed) + ": not measured on ground truth, an "
                      "assumed error")
     return notes
+
+
+@dataclass
+class ClockBand:
+    """What a lower SM clock or a power cap adds to the band (``clock_band``)."""
+
+    spans: list[np.ndarray]  # more weights whose schedules the band spans
+    floor: np.ndarray | None  # the boost clock's low weights: the band's low end never below
+    notes: list[str]
+
+
+def clock_band(graph: ReplayGraph, scenario: Scenario, w: np.ndarray) -> ClockBand:
+    """For a clock or power-cap scenario (projected weights ``w``): a lower clock never makes
+    a job faster, so the band's low end is never below the step at the boost clock: the
+    measured step on the trace's own GPU; with ``--gpu`` (or other changes), the low end of
+    the same scenario's band at the boost clock (``floor``: its low weights, the lower of
+    the error terms' and the other calibration's). And the power law is uncertain (cubic in
+    the clock for moderate caps, about linear for deep ones: ``clocks.py``), so for a cap
+    below the TDP the band spans the linear law's projection and its high end too
+    (``spans``)."""
+    if not scenario.changes_clock:
+        return ClockBand([], None, [])
+    spans, notes = [], []
+    if scenario.power_cap is not None and scenario.dvfs_exponent != 1:
+        linear = dataclasses.replace(scenario, dvfs_exponent=1.0)
+        w_lin = weights(graph, linear).w
+        if not np.array_equal(w_lin, w):
+            e, _ = edge_errors(graph, linear, w_lin)
+            spans += [w_lin, bounds(w_lin, e)[1]]
+            notes.append("band: spans the power cap's clock by both laws, power cubic and "
+                         "linear in the clock (replay/clocks.py)")
+    boost = dataclasses.replace(scenario, gpu_clock_mhz=None, power_cap=None)
+    if boost.gpu is not None and boost.gpu == source_gpu(graph, boost):
+        boost = dataclasses.replace(boost, gpu=None)  # the trace's own GPU: as measured
+    at_boost = weights(graph, boost)
+    e, _ = edge_errors(graph, boost, at_boost.w)
+    floor = np.minimum(bounds(at_boost.w, e)[0], at_boost.w_alt)  # its band's low weights
+    what = ("the measured step" if np.array_equal(floor, graph.base_w) else
+            "the low end of the same projection's band at the boost clock")
+    notes.append(f"band: a lower clock never makes the job faster: its low end is at least "
+                 f"{what}")
+    return ClockBand(spans, floor, notes)

@@ -116,11 +116,12 @@ def sustained_clock_mhz(clocks: Clocks, watts: float, exponent: float = DVFS_EXP
     return max(clocks.min_mhz, clocks.boost_mhz * share ** (1 / exponent))
 
 
-def scenario_clock(gpu: Gpu, clock_mhz: float | None, power_cap: PowerCap | None
-                   ) -> tuple[float, list[str]]:
+def scenario_clock(gpu: Gpu, clock_mhz: float | None, power_cap: PowerCap | None,
+                   exponent: float = DVFS_EXPONENT) -> tuple[float, list[str]]:
     """The SM clock ``gpu`` runs at under a clock lock and / or a power cap (the lower of the
-    two), and notes saying what was assumed. ``WhatIfError`` for a clock outside the GPU's
-    range or a cap below its minimum power limit."""
+    two; the cap's clock by the power law of ``exponent``: 3 the model, 1 the linear law the
+    band spans too), and notes saying what was assumed. ``WhatIfError`` for a clock outside
+    the GPU's range or a cap below its minimum power limit."""
     c = gpu.clocks
     if c is None:
         raise WhatIfError(f"the catalog has no clock and power data for the {gpu.name} "
@@ -139,17 +140,18 @@ def scenario_clock(gpu: Gpu, clock_mhz: float | None, power_cap: PowerCap | None
         if watts < c.min_limit_w:
             raise WhatIfError(f"{given}: below the {gpu.name}'s minimum power limit of "
                               f"{c.min_limit_w:g} W (replay/gpus/{gpu.key}.toml)")
-        capped = sustained_clock_mhz(c, watts)
+        capped = sustained_clock_mhz(c, watts, exponent)
         if watts >= c.tdp_w:
             notes.append(f"{given}: at or above the {gpu.name}'s {c.tdp_w:g} W TDP, so no "
                          "throttling")
         else:
-            linear = sustained_clock_mhz(c, watts, exponent=1)
+            cubic, linear = (sustained_clock_mhz(c, watts, x) for x in (DVFS_EXPONENT, 1))
             notes.append(f"power cap {watts:g} W, {100 * watts / c.tdp_w:.0f}% of the "
-                         f"{gpu.name}'s {c.tdp_w:g} W TDP: sustained SM clock {capped:.0f} "
+                         f"{gpu.name}'s {c.tdp_w:g} W TDP: sustained SM clock {cubic:.0f} "
                          "MHz by P = P_static + (TDP - P_static) (f / f_boost)^3 with P_static "
                          f"{c.static_w:g} W; {linear:.0f} MHz if power is linear in the clock "
-                         "(voltage at its floor), likelier for deep caps (replay/clocks.py)")
+                         "(voltage at its floor), likelier for deep caps; the band spans both "
+                         "(replay/clocks.py)")
         mhz = min(mhz, capped)
     notes.insert(0, f"assumed: the trace ran at its GPU's max boost clock (traces record no "
                     f"clock); the {gpu.name} at {mhz:.0f} of its {c.boost_mhz:g} MHz: "
@@ -166,3 +168,43 @@ def at_clock(gpu: Gpu, mhz: float) -> Gpu:
         return gpu
     r = mhz / gpu.clocks.boost_mhz
     return replace(gpu, tflops={d: v * r for d, v in gpu.tflops.items()})
+
+
+def power_w(clocks: Clocks, mhz: float, exponent: float = DVFS_EXPONENT) -> float:
+    """The board power of the GPU at SM clock ``mhz``: ``P(f) = P_static + (TDP - P_static)
+    (f / f_boost)^exponent``, the relation a cap's clock solves (so under a cap below the TDP
+    it is the cap), for work that draws the TDP at max boost (dense compute: an upper end
+    for lighter work and for the time the GPU idles, when it draws about P_static)."""
+    return clocks.static_w + (clocks.tdp_w - clocks.static_w) * (mhz / clocks.boost_mhz) ** exponent
+
+
+@dataclass(frozen=True)
+class GpuPower:
+    """What the power model says the replayed GPUs draw: one GPU per replayed rank with GPU
+    ops, each at ``watts`` = P(f) (``power_w``) at its SM clock ``mhz``, for the whole step.
+    The energy of a step is that times its (projected) time: GPU board power only, at full
+    load (the host, the network, cooling are not in it; idle GPU time is counted at full
+    load too, so for a host-bound step it is an upper end)."""
+
+    gpu: str  # catalog name of the GPU the ops run on (the --gpu target, else the trace's)
+    mhz: float
+    watts: float  # per GPU
+    gpus: int
+
+    def energy_j(self, step_ns: float) -> float:
+        """Joules of one step of ``step_ns`` ns."""
+        return self.watts * self.gpus * step_ns * 1e-9
+
+    def to_dict(self) -> dict:
+        return {"gpu": self.gpu, "sm_clock_mhz": self.mhz, "gpu_power_w": self.watts,
+                "gpus": self.gpus}
+
+
+def gpu_power(gpu: Gpu, clock_mhz: float | None, power_cap: PowerCap | None, gpus: int
+              ) -> GpuPower | None:
+    """The power model's draw of ``gpus`` of ``gpu`` under a clock lock and / or a power cap
+    (their clock: ``scenario_clock``), None when the catalog has no power data for it."""
+    if gpu.clocks is None:
+        return None
+    mhz = scenario_clock(gpu, clock_mhz, power_cap)[0]
+    return GpuPower(gpu.name, mhz, power_w(gpu.clocks, mhz), gpus)

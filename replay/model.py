@@ -1,7 +1,7 @@
 """What-if scenarios, and the edge weights they give a replay graph.
 
-A scenario changes three kinds of edges of a ``ReplayGraph`` and nothing else (CPU work, launch
-latencies and the program's structure stay as measured):
+A scenario changes four kinds of edges of a ``ReplayGraph`` and nothing else (launch latencies,
+waits and the program's structure stay as measured):
 
 - GPU op durations: ``--gpu`` (roofline from op shapes, else class ratio; ``compute.py``) and
   ``--speedup`` overrides;
@@ -19,7 +19,11 @@ latencies and the program's structure stay as measured):
   compute is unchanged;
 - ``--gpu-clock`` / ``--power-cap``: the GPU (the ``--gpu`` target, else the trace's) at
   another SM clock, given or sustained under a power cap: GPU op durations as for ``--gpu``,
-  onto the same GPU with its peak FLOPS scaled by the clock (``clocks.py``).
+  onto the same GPU with its peak FLOPS scaled by the clock (``clocks.py``);
+- ``--cpu-speedup F``: the host's CPU work divided by F (``cpu_work``: the time between two
+  points of a CPU thread where it bound the later one: op self time, Python functions,
+  runtime and driver calls); host waits, syncs, launch latencies and GPU idle are edges of
+  their own and follow their dependencies.
 """
 
 from __future__ import annotations
@@ -30,10 +34,13 @@ from dataclasses import dataclass, field, fields, replace
 import numpy as np
 from numpy.typing import ArrayLike
 
-from .clocks import PowerCap, at_clock, scenario_clock
+from tracetool.graph import KIND_NAMES
+
+from .clocks import DVFS_EXPONENT, GpuPower, PowerCap, at_clock, gpu_power, scenario_clock
 from .compute import (
     COMPUTE_BOUND,
     DTYPE_OF,
+    SPEEDUP_RANGE,
     Speedup,
     WhatIfError,
     op_work,
@@ -43,6 +50,7 @@ from .compute import (
 from .graph import (
     COMM_DURATION,
     DP_GROUP_DESC,
+    FIXED,
     OP_DURATION,
     TRANSFER,
     ReplayGraph,
@@ -79,6 +87,10 @@ class Scenario:
     # SM clock (MHz) / power cap of the GPU the ops run on: the target, else the source
     gpu_clock_mhz: float | None = None
     power_cap: PowerCap | None = None
+    # the power law a cap's clock is solved by (clocks.py): 3 the model, 1 the linear law
+    # (voltage at its floor) whose projection the band spans too
+    dvfs_exponent: float = DVFS_EXPONENT
+    cpu_speedup: float = 1.0  # the host's CPU work divided by this (cpu_work)
 
     @property
     def changes_network(self) -> bool:
@@ -87,6 +99,85 @@ class Scenario:
     @property
     def changes_clock(self) -> bool:
         return self.gpu_clock_mhz is not None or self.power_cap is not None
+
+    @property
+    def changes_cpu(self) -> bool:
+        return self.cpu_speedup != 1
+
+
+# --cpu-speedup's factors: as --speedup's (compute.SPEEDUP_RANGE)
+CPU_SPEEDUP_RANGE = SPEEDUP_RANGE
+_CPU_ORDER = KIND_NAMES.index("cpu_order")
+
+
+def cpu_work(graph: ReplayGraph) -> np.ndarray:
+    """Per edge: is it CPU work, which ``--cpu-speedup`` scales. The graph keeps the time
+    between two consecutive points of a CPU thread as work where it bound the later point
+    (the identity weight is its lag, > 0): an op's or a Python function's self time, a
+    runtime or driver call (a launch, a copy's or a sync's own overhead), and time between
+    recorded events (the interpreter, or a wait the trace does not show). Where something
+    else bound the point (a sync's GPU op, a host wait, a hand-off from another thread) the
+    thread's edge weighs 0 and that dependency's edge carries the time: it is not scaled."""
+    return (graph.role == FIXED) & (graph.kind == _CPU_ORDER) & (graph.base_w > 0)
+
+
+def parse_cpu_speedup(text: str, one_ok: bool = False) -> float:
+    """``--cpu-speedup``'s factor: a number in CPU_SPEEDUP_RANGE, and not 1 (a factor that
+    changes nothing) unless ``one_ok`` (a sweep's baseline). ``WhatIfError`` otherwise."""
+    try:
+        factor = float(text)
+    except ValueError:
+        factor = math.nan
+    lo, hi = CPU_SPEEDUP_RANGE
+    if not lo <= factor <= hi:
+        raise WhatIfError(f"bad --cpu-speedup {text!r}: give a factor from {lo:g} to {hi:g} "
+                          "(e.g. 1.5: the CPU work takes 1/1.5 of its time)")
+    if factor == 1 and not one_ok:
+        raise WhatIfError(f"bad --cpu-speedup {text!r}: a factor of 1 changes nothing")
+    return factor
+
+
+def check_cpu_speedup(graph: ReplayGraph, scenario: Scenario) -> None:
+    """``WhatIfError`` for a CPU speedup outside its range, or on a job with no CPU work
+    (``cpu_work``) it could scale."""
+    f = scenario.cpu_speedup
+    if not scenario.changes_cpu:
+        return
+    lo, hi = CPU_SPEEDUP_RANGE
+    if not lo <= f <= hi:
+        raise WhatIfError(f"bad --cpu-speedup {f!r}: give a factor from {lo:g} to {hi:g}")
+    if not cpu_work(graph).any():
+        raise WhatIfError(f"--cpu-speedup {f:g}: job {graph.job} has no CPU work the replay "
+                          "could scale (no time on a CPU thread that bound the next point: "
+                          "its events are GPU ops, waits and hand-offs only)")
+
+
+def _scale_cpu(graph: ReplayGraph, scenario: Scenario, out: Weights) -> None:
+    """``out``'s CPU work edges (``cpu_work``) divided by the scenario's CPU speedup, and a
+    note saying how much work that is."""
+    sel = cpu_work(graph)
+    f = scenario.cpu_speedup
+    out.w[sel] = graph.base_w[sel] / f
+    out.w_alt[sel] = out.w[sel]
+    ms = float(graph.base_w[sel].sum()) / 1e6
+    out.notes.append(f"CPU work divided by {f:g}: {int(sel.sum())} edges, {ms:.3f} ms of the "
+                     "replayed events' CPU time (op self time, Python functions, runtime "
+                     "calls, and time between recorded events on a thread); host waits, "
+                     "syncs, launch latencies and GPU idle follow their dependencies")
+
+
+def scenario_power(graph: ReplayGraph, scenario: Scenario) -> GpuPower | None:
+    """The power model's draw of the GPUs the scenario runs the job's ops on (the --gpu
+    target, else the trace's GPU, at the scenario's clock): one per replayed rank with GPU
+    ops. None for a CPU job or a GPU without catalog power data."""
+    ops = graph.ops
+    if not len(ops["dur"]):
+        return None
+    gpu = scenario.gpu or source_gpu(graph, scenario)
+    if gpu is None:
+        return None
+    return gpu_power(gpu, scenario.gpu_clock_mhz, scenario.power_cap,
+                     len(np.unique(np.asarray(ops["rank"]))))
 
 
 @dataclass
@@ -163,6 +254,7 @@ def check_scenario(graph: ReplayGraph, scenario: Scenario) -> None:
     clock outside the GPU's documented range, a power cap below its minimum limit or a
     --dp-scale past the ranks the model prices (``check_dp_scale``)."""
     check_speedups(graph, scenario.speedups)
+    check_cpu_speedup(graph, scenario)
     if scenario.dp_scale != 1:
         check_dp_scale(world_size(graph), scenario.dp_scale, gloo=not len(graph.ops["dur"]))
     if scenario.gpu is not None and not len(graph.ops["dur"]):
@@ -263,7 +355,8 @@ def clocked_gpu(graph: ReplayGraph, scenario: Scenario) -> tuple[Gpu | None, lis
     if gpu is None:
         raise ValueError("the trace names no GPU of the catalog (deviceProperties), so its "
                          "clock range is unknown: give --source-gpu")
-    mhz, notes = scenario_clock(gpu, scenario.gpu_clock_mhz, scenario.power_cap)
+    mhz, notes = scenario_clock(gpu, scenario.gpu_clock_mhz, scenario.power_cap,
+                                scenario.dvfs_exponent)
     if scenario.gpu is None and mhz == gpu.clocks.boost_mhz:
         return None, notes  # the trace's own GPU at its reference clock: the identity
     return at_clock(gpu, mhz), notes
@@ -766,6 +859,8 @@ def weights(graph: ReplayGraph, scenario: Scenario) -> Weights:
         scale = 1 + shared[i] * (ratio - 1)
         w[xfer] = np.where(lag > 0, np.maximum(new[i] + excess * scale, 0.0), lag)
         out.w_alt[xfer] = lag + (alt - t)[i]
+    if scenario.changes_cpu:
+        _scale_cpu(graph, scenario, out)
     return out
 
 

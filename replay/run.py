@@ -32,7 +32,7 @@ from tracetool.analysis.critical_path import (
 from tracetool.graph import KIND_NAMES
 from tracetool.numbers import round_ns
 
-from .band import bounds, describe, edge_errors, step_variation, widen
+from .band import bounds, clock_band, describe, edge_errors, step_variation, widen
 from .graph import NO_STEP, Bounds, ReplayGraph, build_graph
 from .model import Scenario, weights
 
@@ -148,6 +148,8 @@ class Replayer:
         err, used = edge_errors(g, scenario, wts.w)
         if used:
             ws += list(bounds(wts.w, err))
+        clock = clock_band(g, scenario, wts.w)  # a clock or cap: both power laws, a floor
+        ws += clock.spans + ([clock.floor] if clock.floor is not None else [])
         band = self._pool.submit(schedule_many, g.order, g.ptr, g.src, ws, g.t0) if ws else None
         path, segments = (self._path(t, wts.w, p.job_start, p.job_end) if critical_path
                           else (None, {}))
@@ -162,8 +164,12 @@ class Replayer:
         for x in band.result() if band is not None else []:
             s = step_windows(g, x)
             alts.append(s.job_end - s.job_start)
+        floor = alts.pop() if clock.floor is not None else None
         spans = np.array(alts)  # the band: their span, widened by the steps' variation
-        low, high = widen(spans.min(axis=0), spans.max(axis=0), step_variation(
+        lowest = spans.min(axis=0)
+        if floor is not None:  # never below the boost clock's step (nor the projection)
+            lowest = np.maximum(lowest, np.minimum(floor, alts[0]))
+        low, high = widen(lowest, spans.max(axis=0), step_variation(
             np.where(g.step_complete & g.step_reported, m.job_end - m.job_start, np.nan)))
         steps = []
         for i, s in enumerate(g.steps):
@@ -184,7 +190,7 @@ class Replayer:
                 complete=bool(g.step_complete[i])))
         return ReplayResult(job=g.job, scenario=scenario.label, steps=steps, times=t,
                             origin_ns=g.origin_ns,
-                            notes=g.notes + wts.notes + describe(used)
+                            notes=g.notes + wts.notes + describe(used) + clock.notes
                             + unchanged_note(steps, not np.array_equal(t, g.t0)),
                             path_arrays=segments,
                             bounds=self.selection())

@@ -1,8 +1,8 @@
 """Sweeps: one built graph replayed over a grid of settings.
 
 An axis is ``key=v1,v2,...`` where a unit written on the last value applies to all that have
-none (``inter_node_bw=25,50,100,200,400Gbit/s``); several network axes, GPUs and dp-scales
-make a grid (their product).
+none (``inter_node_bw=25,50,100,200,400Gbit/s``); several network axes, GPUs, dp-scales, GPU
+clocks, power caps and CPU speedups make a grid (their product).
 """
 
 from __future__ import annotations
@@ -15,8 +15,17 @@ import numpy as np
 
 from tracetool.errors import InputError
 
+from .clocks import PowerCap
 from .graph import ReplayGraph
-from .model import GpuNoOp, NetworkNoOp, Scenario, check_scenario, resolve_gpu, source_network
+from .model import (
+    GpuNoOp,
+    NetworkNoOp,
+    Scenario,
+    check_scenario,
+    resolve_gpu,
+    scenario_power,
+    source_network,
+)
 from .network import COUNT_KEYS, Network, parse_network, parse_setting
 from .run import BREAKDOWN, Replayer
 
@@ -66,10 +75,13 @@ def parse_axes(texts: list[str]) -> list[tuple[str, list[str]]]:
 
 def sweep(replayer: Replayer, base: Scenario, network_axes: list[str],
           gpus: list[str] | None = None, dp_scales: list[int] | None = None,
-          include_incomplete: bool = False) -> list[dict]:
+          include_incomplete: bool = False, *, gpu_clocks: list[float] | None = None,
+          power_caps: list[PowerCap] | None = None,
+          cpu_speedups: list[float] | None = None) -> list[dict]:
     """One row per grid point: the setting (as a label, and as ``axes``: axis -> value), and
     measured / projected step time, band and breakdown as the mean over the job's complete
-    steps."""
+    steps, and the power model's GPU clock, power and energy per step (``GpuPower``; None
+    for a CPU job). Every grid point's scenario is checked before the first is replayed."""
     g = replayer.graph
     axes = parse_axes(network_axes)
     src_net = source_network(g, base)
@@ -79,22 +91,29 @@ def sweep(replayer: Replayer, base: Scenario, network_axes: list[str],
     base_net = base.network or src_net or Network()
     for key, vals in axes:
         _check_axis(g, base, base_net, key, vals)
-    rows = []
+    points = []
     grid = itertools.product(*[[(k, v) for v in vals] for k, vals in axes],
-                             gpus or [None], dp_scales or [base.dp_scale])
+                             gpus or [None], dp_scales or [base.dp_scale],
+                             gpu_clocks or [base.gpu_clock_mhz], power_caps or [base.power_cap],
+                             cpu_speedups or [base.cpu_speedup])
     for point in grid:
-        *net_items, gpu, dp = point
+        *net_items, gpu, dp, clock, cap, cpu = point
         parts = [f"{k}={v}" for k, v in net_items]
-        coords = dict(net_items) | ({"gpu": gpu} if gpu is not None else {}) | (
-            {"dp_scale": str(dp)} if dp_scales else {})
-        sc = replace(base, dp_scale=dp)
+        coords = dict(net_items)
+        sc = replace(base, dp_scale=dp, gpu_clock_mhz=clock, power_cap=cap, cpu_speedup=cpu)
         if net_items:
             sc = replace(sc, network=parse_network(",".join(parts), base=base_net))
         if gpu is not None:
             sc = replace(sc, gpu=resolve_gpu(gpu))
-            parts.append(f"gpu={gpu}")
-        if dp_scales:
-            parts.append(f"dp_scale={dp}")
+        for key, on, value in (("gpu", gpu is not None, gpu), ("dp_scale", dp_scales, dp),
+                               ("gpu_clock", on_axis(gpu_clocks), clock),
+                               ("power_cap", on_axis(power_caps), cap),
+                               ("cpu_speedup", on_axis(cpu_speedups), cpu)):
+            if on:  # the axes' values, in the label and the plot's coordinates
+                text = f"{value:g}MHz" if key == "gpu_clock" else (
+                    f"{value:g}" if key == "cpu_speedup" else str(value))
+                parts.append(f"{key}={text}")
+                coords[key] = text
         sc = replace(sc, label=", ".join(parts) or "identity")
         for _ in range(3):  # a part that changes nothing falls back to the source's own
             try:
@@ -104,16 +123,29 @@ def sweep(replayer: Replayer, base: Scenario, network_axes: list[str],
                 sc = replace(sc, network=base_net)
             except GpuNoOp:  # the trace's own GPU: its measured kernel times
                 sc = replace(sc, gpu=None)
+        points.append((sc, coords))
+    rows = []
+    for sc, coords in points:
         res = replayer.run(sc, critical_path=False, include_incomplete=include_incomplete)
         mean = {k: int(np.mean([getattr(s, k) for s in res.steps]))
                 for k in ("measured_ns", "projected_ns", "low_ns", "high_ns")}
+        power = scenario_power(g, sc)
         rows.append({
             "setting": sc.label, "axes": coords, "steps": len(res.steps),
             "measured_step_ns": mean["measured_ns"], "projected_step_ns": mean["projected_ns"],
             "low_ns": mean["low_ns"], "high_ns": mean["high_ns"],
             "projected_breakdown_ns": {k: int(np.mean([s.projected[k] for s in res.steps]))
-                                       for k in (*BREAKDOWN, "comm_ns")}})
+                                       for k in (*BREAKDOWN, "comm_ns")},
+            "gpu_clock_mhz": None if power is None else power.mhz,
+            "gpu_power_w": None if power is None else power.watts,
+            "energy_j": None if power is None else float(np.mean(
+                [power.energy_j(s.projected_ns) for s in res.steps]))})
     return rows
+
+
+def on_axis(values: list | None) -> bool:
+    """Is a list of values given to ``sweep`` an axis (several values), not a fixed one."""
+    return values is not None and len(values) > 1
 
 
 def _check_axis(graph: ReplayGraph, base: Scenario, base_net: Network, key: str,

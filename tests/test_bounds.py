@@ -318,9 +318,11 @@ TABLE = {  # option -> (command and its other arguments, the values tried)
     "--gpu-clock": (["replay", *GLOO], EDGES[:9] + [f"{v}MHz" for v in EDGES[:9]]),
     "--power-cap": (["replay", *GLOO], [f"{v}{u}" for v in EDGES[:9] for u in ("W", "%")]),
     "--speedup": (["replay", *GLOO], [f"gemm={v}" for v in EDGES]),
+    "--cpu-speedup": (["replay", *GLOO], EDGES),
     "sweep --network": ([*SWEEP, *GLOO], [f"{k}=1,{v}{u}" for k, u in NET_UNITS.items()
                                           for v in EDGES[:9] if u != "us"]),
     "sweep --dp-scale": ([*SWEEP, *GLOO], [f"1,{v}" for v in EDGES] + [str(MAX_WORLD)]),
+    "sweep --cpu-speedup": ([*SWEEP, *GLOO], [f"1,{v}" for v in EDGES]),
     "critical-path --step": (["critical-path"], INTS),
     # (not 0: a whole report, the slowest thing here; the property test may draw it)
     "report --instance": (["report", "--out", "{out}/report-t", "--annotation",
@@ -371,6 +373,7 @@ REPLAY_OPTIONS = [
     _option("--window", st.builds(lambda a, b: f"{a}ms:{b}ms", NUMBER, NUMBER)),
     _option("--network", NETWORK), _option("--gpu-clock", VALUE),
     _option("--power-cap", VALUE), _option("--speedup", NUMBER.map(lambda f: f"gemm={f}")),
+    _option("--cpu-speedup", NUMBER),
 ]
 SWEEP_OPTIONS = [
     _option("--network", AXIS), _option("--dp-scale", st.lists(NUMBER, min_size=1, max_size=3)

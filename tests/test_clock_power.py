@@ -366,3 +366,183 @@ def test_the_python_api_checks_clocks_and_caps(replayers: dict[str, Replayer]) -
         replayers["alexnet"].run(Scenario(gpu_clock_mhz=5000))
     with pytest.raises(WhatIfError, match=re.escape(f"power cap '300W': {CPU_JOB}")):
         replayers["nl"].run(Scenario(power_cap=parse_power_cap("300W")))
+
+
+# -- the band under a clock or a cap, and the energy per step ---------------------------------
+
+def _clocks(key: str, watts: float) -> tuple[float, float]:
+    """(cubic, linear) law's SM clock under a ``watts`` cap, from the catalog's TOML."""
+    t = _toml(key)
+    boost, tdp = t["clocks"]["boost_mhz"], t["power"]["tdp_w"]
+    share = (watts - t["power"]["static_w"]) / (tdp - t["power"]["static_w"])
+    return boost * share ** (1 / 3), max(t["clocks"]["min_mhz"], boost * share)
+
+
+@pytest.mark.parametrize("cap", ["50%", "70%", "90%"])
+def test_the_band_spans_both_power_laws_and_never_beats_the_boost_clock(
+        con: duckdb.DuckDBPyConnection, replayers: dict[str, Replayer], cap: str) -> None:
+    """alexnet (A100, no shapes): under the linear law, compute-class kernels take boost /
+    f_linear (the clock computed here from the TOML); the band holds both laws' projected
+    steps and starts no lower than the measured (boost-clock) step."""
+    t = _toml("a100")
+    watts = float(cap[:-1]) / 100 * t["power"]["tdp_w"]
+    cubic, linear = _clocks("a100", watts)
+    assert linear < cubic
+    r = replayers["alexnet"]
+    res = r.run(Scenario(power_cap=parse_power_cap(cap)))
+    lin = r.run(Scenario(power_cap=parse_power_cap(cap), dvfs_exponent=1.0))
+    boost = t["clocks"]["boost_mhz"]
+    for rank, eid, category, dur, *_ in _kernels(con, "alexnet"):
+        expected = dur * boost / linear if category in COMPUTE_CLASSES else dur
+        assert abs(_durations(r, lin.times_ns, rank, eid) - expected) <= 1
+    (s,), (s_lin,) = res.steps, lin.steps
+    assert s.measured_ns < s.projected_ns < s_lin.projected_ns  # slower, the linear the most
+    assert s.measured_ns == s.low_ns < s.projected_ns and s_lin.projected_ns < s.high_ns
+    assert "band: spans the power cap's clock by both laws, power cubic and linear in the " \
+           "clock (replay/clocks.py)" in res.notes
+    assert res.notes[-1] == ("band: a lower clock never makes the job faster: its low end is "
+                             "at least the measured step")
+
+
+# one CPU thread launching one GEMM (no shapes: compute-bound, boost / clock) and waiting for
+# it: the window is 300 us of CPU and waits plus the kernel's 100 us (tests/test_cpu_speedup.py)
+ONE_GEMM = [
+    {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": 0, "dur": 100},
+    {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1,
+     "ts": 20, "dur": 10, "args": {"correlation": 1}},
+    {"ph": "X", "cat": "cuda_runtime", "name": "cudaDeviceSynchronize", "pid": 1, "tid": 1,
+     "ts": 110, "dur": 150},
+    {"ph": "X", "cat": "kernel", "name": "ampere_sgemm_128x64_nn", "pid": 0, "tid": 7,
+     "ts": 150, "dur": 100, "args": {"correlation": 1, "stream": 7, "device": 0}},
+    {"ph": "X", "cat": "cpu_op", "name": "aten::add", "pid": 1, "tid": 1, "ts": 270, "dur": 130},
+]
+
+
+@pytest.fixture(scope="module")
+def one_gemm(tmp_path_factory: pytest.TempPathFactory) -> Replayer:
+    from tracetool.ingest.pipeline import Options, ingest
+
+    from ._util import kineto_text, write
+
+    d = tmp_path_factory.mktemp("gemm")
+    trace = write(d / "rank0.json", kineto_text(ONE_GEMM, rank=None))
+    assert ingest([trace], Options(store=d / "store", job="g", rank=0))[0].status == "ingested"
+    return Replayer.from_store(tracetool.connect(d / "store"), "g")
+
+
+@pytest.mark.parametrize(("cap", "clock"), [("25%", None), ("50%", None), ("90%", None),
+                                            (None, 705.0)])
+def test_the_band_of_one_gemm_by_hand(one_gemm: Replayer, cap: str | None,
+                                      clock: float | None) -> None:
+    """The step is 300 us + the kernel (100 us x boost / f). The band: low, the cubic law's
+    step with the kernel at x/1.5 (kernel_large), but never below the measured 400 us; high,
+    the linear law's (the clock a cap gives if power is linear in it, at least the lowest
+    clock: 210 MHz at a 25% cap) with the kernel at x 1.5."""
+    t = _toml("a100")
+    boost = t["clocks"]["boost_mhz"]
+    cubic, linear = (_clocks("a100", float(cap[:-1]) / 100 * t["power"]["tdp_w"])
+                     if cap else (clock, clock))
+    res = one_gemm.run(Scenario(source_gpu=resolve_gpu("a100"), gpu_clock_mhz=clock,
+                                power_cap=parse_power_cap(cap) if cap else None))
+    (s,) = res.steps
+    us = 1000
+    assert s.measured_ns == 400 * us
+    assert s.projected_ns == round((300 + 100 * boost / cubic) * us)
+    assert s.low_ns == round(max(400, 300 + 100 * boost / cubic / 1.5) * us)
+    assert s.high_ns == round((300 + 100 * boost / linear * 1.5) * us)
+    if cap == "25%":
+        assert linear == t["clocks"]["min_mhz"] and s.low_ns > s.measured_ns
+
+
+def test_a_lower_clock_and_a_targets_cap_keep_the_floor(replayers: dict[str, Replayer]) -> None:
+    """A clock lock (no law to span) starts at the measured step too; with --gpu the floor is
+    the low end of the target's band at its boost clock, which a cap never lowers."""
+    r = replayers["alexnet"]
+    (s,) = r.run(Scenario(gpu_clock_mhz=705)).steps
+    assert s.measured_ns <= s.low_ns < s.projected_ns < s.high_ns
+    (onto,) = r.run(Scenario(gpu=resolve_gpu("h100"))).steps
+    for sc, floored in ((Scenario(gpu=resolve_gpu("h100"), power_cap=parse_power_cap("50%")),
+                         True), (Scenario(gpu=resolve_gpu("h100"), gpu_clock_mhz=990), False)):
+        res = r.run(sc)
+        (capped,) = res.steps
+        assert onto.low_ns <= capped.low_ns < onto.projected_ns <= capped.projected_ns
+        assert (capped.low_ns == onto.low_ns) == floored  # the floor binds at 50%
+        assert capped.high_ns >= onto.high_ns
+        assert res.notes[-1].endswith("at least the low end of the same projection's band "
+                                      "at the boost clock")
+
+
+def test_energy_per_step_is_the_power_law_times_the_step(store: Path) -> None:
+    """--json: the power model's draw P(f) = P_static + (TDP - P_static) (f / f_boost)^3 per
+    GPU (at a cap below the TDP: the cap itself) and each step's energy, P x projected step
+    x GPUs (one per replayed rank with GPU ops), J; none for a CPU job."""
+    t = _toml("a100")
+    boost, tdp, static = t["clocks"]["boost_mhz"], t["power"]["tdp_w"], t["power"]["static_w"]
+    cases = {(): (boost, tdp), ("--power-cap", "200W"): (_clocks("a100", 200)[0], 200.0),
+             ("--gpu-clock", "705"): (705, static + (tdp - static) * (705 / boost) ** 3)}
+    for args, (mhz, watts) in cases.items():
+        out = _replay_json(store, "alexnet", *args)
+        assert out["power"]["gpu"] == "A100 SXM 80GB" and out["power"]["gpus"] == 1
+        assert out["power"]["sm_clock_mhz"] == pytest.approx(mhz, rel=1e-12)
+        assert out["power"]["gpu_power_w"] == pytest.approx(watts, rel=1e-12)
+        (step,) = out["steps"]
+        assert step["energy_j"] == pytest.approx(watts * step["projected_step_ns"] * 1e-9,
+                                                 rel=1e-12)
+    h100 = _toml("h100")
+    out = _replay_json(store, "bert", "--gpu", "mi300x")
+    assert out["power"]["gpu_power_w"] == _toml("mi300x")["power"]["tdp_w"] != \
+        h100["power"]["tdp_w"]
+    nl = _replay_json(store, "nl", "--source-network", "gpus_per_node=1,inter_node_bw=1Gbit/s")
+    assert nl["power"] is None and all(s["energy_j"] is None for s in nl["steps"])
+
+
+def test_power_cap_and_gpu_clock_are_sweep_axes(store: Path, tmp_path: Path,
+                                                replayers: dict[str, Replayer]) -> None:
+    out = tmp_path / "sw"
+    code, stdout, stderr = run("sweep", store, "--job", "alexnet", "--power-cap", "50%,70%,90%",
+                               "--out", out, "--json")
+    assert code == 0, stderr
+    rows = json.loads(stdout)["rows"]
+    assert [r["setting"] for r in rows] == ["power_cap=50%", "power_cap=70%", "power_cap=90%"]
+    assert [r["axes"] for r in rows] == [{"power_cap": c} for c in ("50%", "70%", "90%")]
+    lines = (out / "sweep.csv").read_text().splitlines()
+    head = lines[0].split(",")
+    assert head[-3:] == ["gpu_clock_mhz", "gpu_power_w", "energy_j"] and len(lines) == 4
+    for r, line, frac in zip(rows, lines[1:], (0.5, 0.7, 0.9), strict=True):
+        (s,) = replayers["alexnet"].run(Scenario(power_cap=PowerCap(tdp_fraction=frac))).steps
+        assert (r["projected_step_ns"], r["low_ns"], r["high_ns"]) == (
+            s.projected_ns, s.low_ns, s.high_ns)
+        watts = frac * 400
+        cell = dict(zip(head, line.split(","), strict=True))
+        assert float(cell["gpu_clock_mhz"]) == pytest.approx(_clocks("a100", watts)[0],
+                                                             rel=1e-5)
+        assert float(cell["gpu_power_w"]) == pytest.approx(watts, rel=1e-5)
+        assert float(cell["energy_j"]) == pytest.approx(watts * s.projected_ns * 1e-9, rel=1e-5)
+    # two axes: a grid, the clock lock and the cap together at the lower clock
+    code, stdout, stderr = run("sweep", store, "--job", "alexnet", "--gpu-clock", "705,1000",
+                               "--power-cap", "50%,90%", "--out", out, "--json")
+    assert code == 0, stderr
+    rows = json.loads(stdout)["rows"]
+    assert [r["setting"] for r in rows] == [
+        "gpu_clock=705MHz, power_cap=50%", "gpu_clock=705MHz, power_cap=90%",
+        "gpu_clock=1000MHz, power_cap=50%", "gpu_clock=1000MHz, power_cap=90%"]
+    assert [r["gpu_clock_mhz"] for r in rows] == pytest.approx(
+        [705, 705, min(1000, _clocks("a100", 200)[0]), min(1000, _clocks("a100", 360)[0])])
+
+
+@pytest.mark.parametrize(("args", "message", "code"), [
+    (["--power-cap", "50%,0.5"], "bad --power-cap '50%,0.5': a value is given twice", 2),
+    (["--gpu-clock", "705,705MHz"], "bad --gpu-clock '705,705MHz': a value is given twice", 2),
+    (["--power-cap", "50%,x"], f"bad power cap 'x': {BAD_CAP}", 2),
+    (["--gpu-clock", "705,5000"], f"GPU clock 5000 MHz: outside {A100_RANGE}", 2),
+    (["--power-cap", "70%,10%"], "power cap '10%' (40 W): below the A100 SXM 80GB's minimum "
+                                 "power limit of 100 W (replay/gpus/a100.toml)", 2),
+    (["--power-cap", "50%"], "nothing to sweep: give --network key=v1,v2,..., --gpu, "
+                             "--dp-scale, or several --gpu-clock, --power-cap or --cpu-speedup "
+                             "values", 1),
+])
+def test_sweep_rejects_bad_clock_and_cap_axes(store: Path, tmp_path: Path, args: list[str],
+                                              message: str, code: int) -> None:
+    got = run("sweep", store, "--job", "alexnet", "--out", tmp_path / "bad", *args)
+    assert got == (code, "", f"tracetool: error: {message}\n")
+    assert not (tmp_path / "bad").exists()

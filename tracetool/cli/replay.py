@@ -22,7 +22,7 @@ from tracetool.cli._store import store_arg
 from tracetool.errors import InputError
 from tracetool.outputs import check_output
 from tracetool.replay import model
-from tracetool.replay.clocks import parse_gpu_clock, parse_power_cap
+from tracetool.replay.clocks import GpuPower, parse_gpu_clock, parse_power_cap
 from tracetool.replay.compute import CATEGORIES, SPEEDUP_RANGE, WhatIfError, parse_speedup
 from tracetool.replay.graph import (
     Bounds,
@@ -34,10 +34,12 @@ from tracetool.replay.graph import (
 )
 from tracetool.replay.hardware import Gpu, catalog_help
 from tracetool.replay.model import (
+    CPU_SPEEDUP_RANGE,
     MAX_GLOO_WORLD,
     Scenario,
     check_dp_scale,
     check_speedups,
+    parse_cpu_speedup,
     resolve_gpu,
 )
 from tracetool.replay.network import (
@@ -103,11 +105,17 @@ def scenario_options(fn: Callable) -> Callable:
         click.option("--gpu-clock", help="Run the GPU (the --gpu target, else the trace's) at "
                      "this SM clock, MHz, within its catalog range; the trace is assumed to "
                      "have run at max boost. Compute-bound kernels scale with it; memory-bound "
-                     "ones, communication and CPU work do not."),
+                     "ones, communication and CPU work do not. (sweep: several, "
+                     "comma-separated, are an axis.)"),
         click.option("--power-cap", help="Cap the GPU's board power (the --gpu target, else "
                      "the trace's): watts (300, 300W) or a fraction of its TDP (0.7, 70%), "
                      "at least its minimum power limit; "
-                     "the clock it sustains comes from P = P_static + k f^3 (replay/clocks.py)."),
+                     "the clock it sustains comes from P = P_static + k f^3 (replay/clocks.py). "
+                     "(sweep: several, comma-separated, are an axis: 50%,70%,90%.)"),
+        click.option("--cpu-speedup", help="Divide the host's CPU work (op self time, Python "
+                     "functions, runtime calls; not its waits) by this factor, "
+                     f"{CPU_SPEEDUP_RANGE[0]:g} to {CPU_SPEEDUP_RANGE[1]:g}, not 1 (sweep: "
+                     "several, comma-separated, are an axis, 1 the baseline)."),
         click.option("--include-incomplete", is_flag=True,
                      help="Also the incomplete steps (cut by the trace window, open, or "
                           "missing on some ranks; docs/steps.md)."),
@@ -168,10 +176,11 @@ def gpu_option(option: str, text: str) -> Gpu:
 
 def parse_whatifs(source_gpu: str | None, speedups: tuple[str, ...],
                   gpus: tuple[str, ...] = (), gpu_clock: str | None = None,
-                  power_cap: str | None = None, networks: tuple[str | None, ...] = ()) -> None:
+                  power_cap: str | None = None, networks: tuple[str | None, ...] = (),
+                  cpu_speedup: str | None = None) -> None:
     """Check the what-if values that need no store, before the graph is built: --source-gpu,
-    each --gpu, each --speedup, --gpu-clock and --power-cap as numbers (``WhatIfError``),
-    and the network specs' values (``parse_spec``: InputError)."""
+    each --gpu, each --speedup, --gpu-clock, --power-cap and --cpu-speedup as numbers
+    (``WhatIfError``), and the network specs' values (``parse_spec``: InputError)."""
     for spec in networks:
         if spec is not None:
             parse_spec(_spec(spec))
@@ -185,13 +194,26 @@ def parse_whatifs(source_gpu: str | None, speedups: tuple[str, ...],
         parse_gpu_clock(gpu_clock)
     if power_cap is not None:
         parse_power_cap(power_cap)
+    if cpu_speedup is not None:
+        parse_cpu_speedup(cpu_speedup)
+
+
+def add_energy(report: dict, power: GpuPower | None) -> dict:
+    """``report`` (``ReplayResult.to_dict``) with the power model's draw (``power``: None
+    for a CPU job or a GPU without catalog power data) and each step's energy at it, J
+    (P(f) x the projected step x the GPUs; None without a draw)."""
+    report["power"] = power.to_dict() if power is not None else None
+    for s in report["steps"]:
+        s["energy_j"] = power.energy_j(s["projected_step_ns"]) if power is not None else None
+    return report
 
 
 def base_scenario(replayer: Replayer, source_gpu: str | None, source_net: str | None,
                   speedups: tuple[str, ...], gpu_clock: str | None = None,
-                  power_cap: str | None = None) -> Scenario:
+                  power_cap: str | None = None, cpu_speedup: str | None = None) -> Scenario:
     """The scenario the what-ifs start from: source overrides, speedups (each checked to
-    change some GPU op of the replayer's job), the GPU clock and power cap."""
+    change some GPU op of the replayer's job), the GPU clock and power cap, the CPU
+    speedup."""
     parsed = tuple(parse_speedup(s) for s in speedups)
     check_speedups(replayer.graph, parsed)  # before any setting runs (weights checks again)
     return Scenario(
@@ -199,7 +221,8 @@ def base_scenario(replayer: Replayer, source_gpu: str | None, source_net: str | 
         source_network=parse_network(_spec(source_net)) if source_net is not None else None,
         speedups=parsed,
         gpu_clock_mhz=parse_gpu_clock(gpu_clock) if gpu_clock is not None else None,
-        power_cap=parse_power_cap(power_cap) if power_cap is not None else None)
+        power_cap=parse_power_cap(power_cap) if power_cap is not None else None,
+        cpu_speedup=parse_cpu_speedup(cpu_speedup) if cpu_speedup is not None else 1.0)
 
 
 def placed_scenario(replayer: Replayer, sc: Scenario, placed: Placement) -> Scenario:
@@ -233,7 +256,7 @@ def placed_scenario(replayer: Replayer, sc: Scenario, placed: Placement) -> Scen
               help="Write a PNG: measured vs projected step time by breakdown.")
 def replay_command(store: Path, job: str | None, source_gpu: str | None,
                    source_network: str | None, speedups: tuple[str, ...],
-                   gpu_clock: str | None, power_cap: str | None,
+                   gpu_clock: str | None, power_cap: str | None, cpu_speedup: str | None,
                    include_incomplete: bool, annotation: str | None, instance: int | None,
                    window: str | None, steps_range: str | None, ranks_spec: str | None,
                    step: int | None, gpu: str | None,
@@ -247,7 +270,8 @@ def replay_command(store: Path, job: str | None, source_gpu: str | None,
     Exit code 0; 2 on a what-if that names or changes nothing: a --gpu / --source-gpu not in
     the catalog, a --speedup with an unknown category or one matching no GPU op of the job,
     a --gpu-clock outside the GPU's range, a --power-cap below its minimum limit, either of
-    them unparsable or on a CPU job, a bad --steps (A > B, or no step of the job in it),
+    them unparsable or on a CPU job, a --cpu-speedup of 1, out of range or on a job with no
+    CPU work to scale, a bad --steps (A > B, or no step of the job in it),
     --step (not a complete step of the job) or --ranks (a rank the job does not have, a
     replica that cannot be told), any number outside its range (--help shows them), a
     --dp-scale projecting more ranks than the model prices, or a --placement file that is
@@ -263,7 +287,7 @@ def replay_command(store: Path, job: str | None, source_gpu: str | None,
             if path is not None:
                 check_output(path, option, [store])
         parse_whatifs(source_gpu, speedups, (gpu,) if gpu is not None else (), gpu_clock,
-                      power_cap, (source_network, network))
+                      power_cap, (source_network, network), cpu_speedup)
         placed = placement_of(placement, list(parse_spec(_spec(network))) if network else [])
         steps, ranks = parse_bounds(steps_range, ranks_spec, step)
         windows = windows_of(annotation, instance, window)
@@ -283,7 +307,7 @@ def replay_command(store: Path, job: str | None, source_gpu: str | None,
             raise InputError(f"{store}: job {job} has no complete "
                              f"ProfilerStep#{step}") from None
         sc = base_scenario(replayer, source_gpu, source_network, speedups, gpu_clock,
-                           power_cap)
+                           power_cap, cpu_speedup)
         label = []
         if gpu is not None:
             sc = replace(sc, gpu=gpu_option("--gpu", gpu))
@@ -305,10 +329,13 @@ def replay_command(store: Path, job: str | None, source_gpu: str | None,
             sc = replace(sc, dp_scale=dp_scale)
             label.append(f"dp_scale={dp_scale}")
         label += [f"speedup {s}" for s in speedups]
+        if sc.changes_cpu:
+            label.append(f"cpu_speedup={sc.cpu_speedup:g}")
         sc = replace(sc, label=", ".join(label) or "identity")
         model.check_scenario(replayer.graph, sc)  # a bad what-if: one line, before warnings
         warn_collectives(con, job)  # how well the collectives matched: the replay rests on it
         result = replayer.run(sc, include_incomplete=include_incomplete)
+        power = model.scenario_power(replayer.graph, sc)
         if step is not None:
             result.steps = [s for s in result.steps if s.step == step]
             if not result.steps:
@@ -326,7 +353,7 @@ def replay_command(store: Path, job: str | None, source_gpu: str | None,
         con.close()
     except (click.ClickException, duckdb.Error, OSError, ValueError) as err:
         fail_for(store, err)
-    report = result.to_dict()
+    report = add_energy(result.to_dict(), power)
     report["collectives"] = listing
     if chrome:
         report["chrome_trace"] = {"path": str(chrome), "events": written}
@@ -360,6 +387,11 @@ def replay_command(store: Path, job: str | None, source_gpu: str | None,
     total = sum(path.values()) or 1
     click.echo("projected critical path: " + ", ".join(
         f"{k} {100 * v / total:.0f}%" for k, v in sorted(path.items(), key=lambda kv: -kv[1])))
+    if power is not None and result.steps:
+        mean = sum(s["energy_j"] for s in report["steps"]) / len(result.steps)
+        click.echo(f"energy (power model): {mean:.4g} J per step (mean), {power.gpus} x "
+                   f"{power.gpu} at {power.mhz:.0f} MHz, {power.watts:.0f} W each at full "
+                   "load (replay/clocks.py)")
     if listing:
         net = model.target_network(replayer.graph, sc) if sc.changes_network else \
             model.source_network(replayer.graph, sc)
