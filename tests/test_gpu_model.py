@@ -86,13 +86,30 @@ def test_memory_bytes_from_shapes() -> None:
     assert cat == (32 + 32 + 32 + 32) * 4
 
 
-def test_out_of_sample_figures_were_rerun_for_these_constants() -> None:
-    """benchmarks/gpu_accuracy.py prints the hash of every constant it rests on; BENCHMARKS.md
-    must hold the current one: a constant (catalog or band GPU term) that moved without the
-    leave-one-pair-out figures being re-run and recorded fails here."""
+def _gpu_accuracy():  # noqa: ANN202
     spec = importlib.util.spec_from_file_location("gpu_accuracy",
                                                   REPO / "benchmarks/gpu_accuracy.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    digest = mod.constants_hash()
+    return mod
+
+
+def test_band_terms_sized_from_the_fit_pairs() -> None:
+    """The band out of sample: each kernel term is the worst ratio error of its regime's
+    GPU kernel time (x1.5 and x/1.25 -> 0.5; the other regime's when none), host_cpu the
+    worst of the steps."""
+    rows = [{"regime": "kernel_large", "kernel_err": 0.5, "step_err": -0.1},
+            {"regime": "kernel_large", "kernel_err": -0.2, "step_err": 0.05}]
+    got = _gpu_accuracy().size_terms(rows)
+    assert got == pytest.approx({"kernel_small": 0.5, "kernel_large": 0.5,
+                                 "host_cpu": 1 / 0.9 - 1})
+    rows.append({"regime": "kernel_small", "kernel_err": 1.0, "step_err": 0.0})
+    assert _gpu_accuracy().size_terms(rows)["kernel_small"] == pytest.approx(1.0)
+
+
+def test_out_of_sample_figures_were_rerun_for_these_constants() -> None:
+    """benchmarks/gpu_accuracy.py prints the hash of every constant it rests on; BENCHMARKS.md
+    must hold the current one: a constant (catalog or band GPU term) that moved without the
+    leave-one-pair-out figures being re-run and recorded fails here."""
+    digest = _gpu_accuracy().constants_hash()
     assert f"constants hash {digest}" in (REPO / "BENCHMARKS.md").read_text(), digest
