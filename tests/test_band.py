@@ -6,6 +6,7 @@ job_steps view of the target's own trace. Identity stays exact (no model, no err
 
 from __future__ import annotations
 
+import functools
 import json
 import statistics
 from pathlib import Path
@@ -73,6 +74,7 @@ def test_identity_has_no_model_error(pair) -> None:  # noqa: ANN001
     assert not any(n.startswith("band:") for n in res.notes)
 
 
+@functools.cache
 def _floor_without_bert() -> float:
     """The H100 floor fitted leaving the bert pair out (benchmarks/gpu_accuracy.py ``fit``):
     the least 1st percentile of the kernel durations of the other pairs' H100 traces, read
