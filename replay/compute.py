@@ -11,11 +11,19 @@ projecting onto the source GPU returns the measured time exactly. Without shapes
 scale by their class: compute-bound classes (gemm, conv, attention) by the peak-TFLOPS ratio
 of their dtype, the rest by the HBM-bandwidth ratio; communication is the network model's.
 
-Small kernels (``project_kernel_ns``): a kernel's time is the GPU's floor (a trivial kernel's
-launch-bound duration, ``Gpu.kernel_floor_ns``) plus the rest, and only the rest scales with
-the rates, further divided by the class's efficiency on each GPU (``Gpu.efficiency``): a
-1.6 us H100 elementwise kernel takes the MI300X's 2.0 us floor, not 1.6 x 0.63 us. Applied when
-the GPU changes (not for a clock change of the same GPU, whose floors are the same).
+Onto another GPU (``project_kernel_ns``), a kernel's time is the GPU's floor (a trivial
+kernel's launch-bound duration, ``Gpu.kernel_floor_ns``) plus the rest, and only the rest
+scales. Compute-bound classes scale by the roofline or peak ratio above, at each GPU's
+achievable compute fraction (published figures: ``replay/gpus/*.toml``). Memory-bound classes
+(``MEMORY_BOUND``: elementwise, reduction, norm, other) are bound by the HBM bandwidth each GPU
+achieves, with a size-dependent efficiency (``memory_ratio``): a kernel moving B bytes takes
+``latency + B / achieved bandwidth`` above the floor, i.e. reaches ``achievable x B / (B +
+bandwidth x latency)`` of the peak (``Gpu.hbm_efficiency``), so a large kernel scales by the
+achieved-bandwidth ratio and a small one by the latencies'. B comes from the launching op's
+shapes where recorded (``memory_bytes``), else from the measured time under the source's
+model. No factor per class: a 1.6 us H100 elementwise kernel takes the MI300X's 2.0 us floor,
+a 100 us one the bandwidth ratio. Applied when the GPU changes (not for a clock change of the
+same GPU, whose floors and memory are the same).
 
 The categories a GPU op can have (``CATEGORIES``) are the one list ``--speedup`` accepts: the
 kernel classes of the ``kernels`` view (``analysis/sql/10_ops.sql``; a test checks the two
@@ -43,6 +51,11 @@ KERNEL_CATEGORIES = ("gemm", "conv", "attention", "norm", "reduction", "elementw
 NON_KERNEL_KINDS = ("memcpy", "memset")
 CATEGORIES = KERNEL_CATEGORIES + NON_KERNEL_KINDS
 COMPUTE_BOUND = ("gemm", "conv", "attention")
+# kernel classes bound by HBM bandwidth onto another GPU (memory_ratio)
+MEMORY_BOUND = ("elementwise", "reduction", "norm", "other")
+# ops whose output is much smaller than their input (it is not counted in their bytes)
+_REDUCING = re.compile(r"::(mean|sum|amax|amin|max|min|norm|linalg_vector_norm|all|any|prod|"
+                       r"var|std|var_mean|std_mean|argmax|argmin|count_nonzero)$")
 DTYPE_OF = {"float": "fp32", "float32": "fp32", "double": "fp32", "half": "fp16",
             "c10::half": "fp16", "float16": "fp16", "bfloat16": "bf16",
             "c10::bfloat16": "bf16", "c10::float8_e4m3fn": "fp8", "c10::float8_e5m2": "fp8"}
@@ -109,6 +122,51 @@ def roofline_s(gpu: Gpu, work: Work) -> float:
     return max(compute, memory)
 
 
+def _tensors(dims: list, types: list) -> list[tuple[list, str]]:
+    """(shape, dtype name) of every tensor input, TensorList elements included."""
+    out = []
+    for d, t in zip(dims, types, strict=False):
+        if isinstance(d, list) and d and all(isinstance(x, int) for x in d):
+            out.append((d, str(t or "")))
+        elif isinstance(d, list) and d and all(isinstance(x, list) for x in d):
+            # a TensorList's type is "TensorList": its elements take the op's first dtype
+            first = next((str(x) for x in types if str(x).lower() in ELEM_BYTES), "")
+            out += [(x, first) for x in d if x and all(isinstance(v, int) for v in x)]
+    return out
+
+
+def memory_bytes(op: str, dims: list, types: list) -> float | None:
+    """Bytes a memory-bound op moves, from its Input Dims / Input type: every tensor input
+    read, plus an output the size of its largest input written (none for a reduction such as
+    mean or sum, whose output is small); None when no input has a known size."""
+    sizes = [_numel(d) * ELEM_BYTES[t.lower()] for d, t in _tensors(dims, types)
+             if t.lower() in ELEM_BYTES]
+    if not sizes:
+        return None
+    out = 0 if _REDUCING.search((op or "").lower()) else max(sizes)
+    return float(sum(sizes) + out)
+
+
+def memory_s(gpu: Gpu, nbytes: float) -> float:
+    """Model seconds above the floor of a memory-bound kernel moving ``nbytes`` on ``gpu``:
+    its HBM latency plus the bytes at its achieved bandwidth, i.e. ``nbytes / (hbm x
+    gpu.hbm_efficiency(nbytes))``."""
+    return gpu.hbm_latency_ns * 1e-9 + max(nbytes, 0.0) / (gpu.hbm_achieved_gbps * 1e9)
+
+
+def memory_ratio(above_ns: float, nbytes: float | None, source: Gpu, target: Gpu) -> float:
+    """Target / source time of a memory-bound kernel's work above the floor. Its bytes are
+    ``nbytes`` (from shapes) or, when unknown, those the source's model moves in the
+    measured ``above_ns`` (none when that is within the latency)."""
+    if nbytes is None or not nbytes > 0:
+        nbytes = max(above_ns * 1e-9 - source.hbm_latency_ns * 1e-9, 0.0) \
+            * source.hbm_achieved_gbps * 1e9
+    src = memory_s(source, nbytes)
+    if src <= 0:
+        return source.hbm_achieved_gbps / target.hbm_achieved_gbps
+    return memory_s(target, nbytes) / src
+
+
 def project_ns(measured_ns: float, category: str, source: Gpu, target: Gpu,
                work: Work | None = None, dtype: str = "bf16") -> float:
     """The kernel's time on ``target``, from its measured time on ``source``."""
@@ -121,14 +179,13 @@ def project_ns(measured_ns: float, category: str, source: Gpu, target: Gpu,
     return measured_ns * source.hbm_gbps / target.hbm_gbps
 
 
-def project_kernel_ns(measured_ns: np.ndarray, ratio: np.ndarray, category: np.ndarray,
-                      source: Gpu, target: Gpu) -> np.ndarray:
-    """Kernels' times on another GPU from their measured times and the rates' ratios (target
-    / source time of their work): the target's floor, plus the measured time above the
-    source's floor scaled by the ratio and by the class's efficiency on each GPU."""
-    eff = {c: source.efficiency(c) / target.efficiency(c) for c in np.unique(category)}
+def project_kernel_ns(measured_ns: np.ndarray, ratio: np.ndarray, source: Gpu,
+                      target: Gpu) -> np.ndarray:
+    """Kernels' times on another GPU from their measured times and the ratios (target /
+    source time) of their work above the floor: the target's floor plus the measured time
+    above the source's floor, scaled."""
     above = np.maximum(np.asarray(measured_ns, dtype=float) - source.kernel_floor_ns, 0.0)
-    return target.kernel_floor_ns + above * ratio * np.array([eff[c] for c in category])
+    return target.kernel_floor_ns + above * ratio
 
 
 class WhatIfError(InputError):

@@ -1,12 +1,16 @@
 """The GPU catalog the replayer projects onto: peak rates and achievable fractions.
 
 One TOML file per GPU in ``replay/gpus/`` (peak dense TFLOPS per dtype, HBM and scale-up
-bandwidth per direction, the fractions of peak tuned kernels reach, the small-kernel regime
-(``[kernels]``: the duration of a trivial, launch-bound kernel; ``[class_efficiency]``: how a
-kernel class runs against its roofline relative to the NVIDIA parts; ``compute.py``), the SM
-clock range and power envelope the clock and power-cap what-ifs use (``clocks.py``), and
-where the numbers come from). The source GPU of a trace is found from its
-``deviceProperties`` names.
+bandwidth per direction, the fractions of peak tuned kernels reach (``[achievable]``, from
+published measurements), the HBM latency that sets how large a memory-bound kernel must be to
+reach that fraction (``[memory]``), the duration of a trivial, launch-bound kernel
+(``[kernels]``; ``compute.py``), the SM clock range and power envelope the clock and power-cap
+what-ifs use (``clocks.py``), and where each number comes from). The source GPU of a trace is
+found from its ``deviceProperties`` names.
+
+Dtypes: a GPU without units for a dtype (an A100 has no FP8, a V100 no BF16) runs that work
+at its next wider precision (``NEXT_PRECISION``: FP8 -> BF16 -> FP32, FP16 / TF32 -> FP32),
+as frameworks do when they fall back, and the replay's notes say so (``model.dtype_notes``).
 """
 
 from __future__ import annotations
@@ -16,6 +20,9 @@ from dataclasses import dataclass, field
 from importlib import resources
 
 DTYPES = ("fp16", "bf16", "tf32", "fp32", "fp8")
+# the precision a GPU without units for a dtype runs its work at (FP8 -> BF16: an FP8 model
+# on an A100 runs in BF16; BF16 -> FP32: a V100 has no BF16 units)
+NEXT_PRECISION = {"fp8": "bf16", "bf16": "fp32", "fp16": "fp32", "tf32": "fp32"}
 
 
 @dataclass(frozen=True)
@@ -45,20 +52,41 @@ class Gpu:
     source: str = ""
     clocks: Clocks | None = None
     kernel_floor_ns: float = 0.0  # a trivial, launch-bound kernel's duration
-    class_efficiency: dict[str, float] = field(default_factory=dict)  # by class; absent: 1
     kernels_source: str = ""
+    hbm_latency_ns: float = 0.0  # a load's round trip to HBM: sets the bytes in flight needed
+    achievable_source: str = ""
 
-    def efficiency(self, category: str) -> float:
-        """How fast kernels of ``category`` run against the roofline, relative to 1.0."""
-        return self.class_efficiency.get(category, 1.0)
+    def runs_at(self, dtype: str) -> str:
+        """The precision this GPU runs ``dtype`` work at: the dtype itself when it has units
+        for it, else the next wider one it has (``NEXT_PRECISION``)."""
+        d = dtype
+        while self.tflops.get(d, 0.0) <= 0:
+            if d not in NEXT_PRECISION:
+                raise ValueError(f"{self.key}: no peak rate for {dtype}")
+            d = NEXT_PRECISION[d]
+        return d
 
     def peak_tflops(self, dtype: str) -> float:
-        """Peak for ``dtype``, falling back to the widest type the GPU does have units for
-        (V100 runs BF16 work at FP32 rates)."""
-        for d in (dtype, "fp32"):
-            if self.tflops.get(d, 0.0) > 0:
-                return self.tflops[d]
-        raise ValueError(f"{self.key}: no peak rate for {dtype}")
+        """Dense peak for ``dtype`` work: at ``runs_at(dtype)`` (an A100 runs FP8 at BF16)."""
+        return self.tflops[self.runs_at(dtype)]
+
+    @property
+    def hbm_achieved_gbps(self) -> float:
+        """The HBM bandwidth a large streaming kernel reaches (peak x achievable memory)."""
+        return self.hbm_gbps * self.achievable["memory"]
+
+    @property
+    def ramp_bytes(self) -> float:
+        """Bytes at which a memory-bound kernel reaches half its achievable bandwidth: the
+        bytes in flight that cover the HBM latency (Little's law, bandwidth x latency)."""
+        return self.hbm_achieved_gbps * self.hbm_latency_ns
+
+    def hbm_efficiency(self, nbytes: float) -> float:
+        """The fraction of peak HBM bandwidth a kernel moving ``nbytes`` reaches:
+        ``achievable x B / (B + ramp_bytes)``, so its time above the floor is
+        ``latency + B / achieved bandwidth`` (``compute.memory_s``)."""
+        b = max(float(nbytes), 0.0)
+        return self.achievable["memory"] * b / (b + self.ramp_bytes) if b > 0 else 0.0
 
 
 def _load(key: str, text: str) -> Gpu:
@@ -76,9 +104,9 @@ def _load(key: str, text: str) -> Gpu:
                achievable={k: float(v) for k, v in doc["achievable"].items()},
                source=source.get("text", ""), clocks=clocks,
                kernel_floor_ns=float(doc.get("kernels", {}).get("floor_us", 0.0)) * 1e3,
-               class_efficiency={k: float(v) for k, v in
-                                 doc.get("class_efficiency", {}).items()},
-               kernels_source=source.get("kernels", ""))
+               kernels_source=source.get("kernels", ""),
+               hbm_latency_ns=float(doc.get("memory", {}).get("latency_ns", 0.0)),
+               achievable_source=source.get("achievable", ""))
 
 
 def catalog() -> dict[str, Gpu]:

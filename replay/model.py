@@ -40,9 +40,12 @@ from .clocks import DVFS_EXPONENT, GpuPower, PowerCap, at_clock, gpu_power, scen
 from .compute import (
     COMPUTE_BOUND,
     DTYPE_OF,
+    MEMORY_BOUND,
     SPEEDUP_RANGE,
     Speedup,
     WhatIfError,
+    memory_bytes,
+    memory_ratio,
     op_work,
     project_kernel_ns,
     roofline_s,
@@ -398,11 +401,47 @@ def _gpu_factors(graph: ReplayGraph, src: Gpu, dst: Gpu) -> tuple[np.ndarray, np
         if key not in cache:
             cache[key] = _compute_ratio(key, src, dst)
         factor[i], model_ns[i] = cache[key]
-    if src.key != dst.key:  # another GPU: its floor for small kernels, its class efficiencies
+    if src.key != dst.key:  # another GPU: its floor, and HBM-bound classes by their bytes
         k = np.flatnonzero((kind == "kernel") & (cat != "comm") & (ops["dur"] > 0))
         dur = ops["dur"][k].astype(float)
-        factor[k] = project_kernel_ns(dur, factor[k], cat[k], src, dst) / dur
+        above = np.maximum(dur - src.kernel_floor_ns, 0.0)
+        nbytes: dict[tuple, float | None] = {}
+        for j, i in enumerate(k):
+            if cat[i] in MEMORY_BOUND:
+                key = (ops["op_name"][i], ops["dims"][i], ops["types"][i])
+                if key not in nbytes:
+                    shapes = parse_shapes(key[1], key[2])
+                    nbytes[key] = memory_bytes(key[0] or "", *shapes) if shapes else None
+                factor[i] = memory_ratio(above[j], nbytes[key], src, dst)
+        factor[k] = project_kernel_ns(dur, factor[k], src, dst) / dur
     return factor, model_ns
+
+
+def op_dtype(dims: str | None, types: str | None) -> str | None:
+    """The compute dtype of an op from its recorded input types (its first tensor's), or
+    None when not recorded or not a floating type."""
+    shapes = parse_shapes(dims, types)
+    if not shapes or not shapes[1]:
+        return None
+    return DTYPE_OF.get(str(shapes[1][0]).lower())
+
+
+def dtype_notes(graph: ReplayGraph, dst: Gpu) -> list[str]:
+    """A note per dtype of the compute-bound kernels that ``dst`` has no units for (FP8 on
+    an A100): they are projected at the next wider precision it has (``Gpu.runs_at``)."""
+    ops = graph.ops
+    sel = np.flatnonzero(np.isin(ops["category"].astype(str), COMPUTE_BOUND))
+    by: dict[str, list[int]] = {}
+    for i in sel:
+        d = op_dtype(ops["dims"][i], ops["types"][i])
+        if d is not None and dst.runs_at(d) != d:
+            by.setdefault(d, []).append(i)
+    total = max(float(ops["dur"].sum()), 1.0)
+    return [f"{len(ix)} {d.upper()} compute kernels ({100 * ops['dur'][ix].sum() / total:.0f}% "
+            f"of GPU op time): the {dst.name} has no {d.upper()} units, so they are projected "
+            f"at its {dst.runs_at(d).upper()} peak, the next wider precision it has (as a "
+            f"framework falls back); the model it ran may not run that way"
+            for d, ix in sorted(by.items())]
 
 
 def _compute_ratio(key: tuple, src: Gpu, dst: Gpu) -> tuple[float, float]:
@@ -413,10 +452,9 @@ def _compute_ratio(key: tuple, src: Gpu, dst: Gpu) -> tuple[float, float]:
     if work is not None and work.flops > 0:
         r_src = roofline_s(src, work)
         return roofline_s(dst, work) / r_src, r_src * 1e9
-    dtype = "bf16"
-    if shapes and shapes[1]:
-        dtype = DTYPE_OF.get(str(shapes[1][0]).lower(), "bf16")
-    return src.peak_tflops(dtype) / dst.peak_tflops(dtype), math.nan
+    dtype = op_dtype(dims, types) or "bf16"
+    return (src.peak_tflops(dtype) * src.achievable["compute"]
+            / (dst.peak_tflops(dtype) * dst.achievable["compute"])), math.nan
 
 
 def _latency_note(graph: ReplayGraph, factor: np.ndarray, model_ns: np.ndarray) -> list[str]:
@@ -837,6 +875,8 @@ def weights(graph: ReplayGraph, scenario: Scenario) -> Weights:
         w[sel], out.w_alt[sel] = _scaled_both(graph.ops["dur"][op], f[op], model_ns[op])
         if dst is not None and scenario.gpu is None:  # the trace's GPU at another clock
             clock_notes += _latency_note(graph, f, model_ns)
+        if scenario.gpu is not None:
+            clock_notes += dtype_notes(graph, scenario.gpu)
     k, model_ns, notes, costs = collective_factors(graph, scenario)
     shared = overlap_share(graph) if (k != 1).any() else None
     out.notes = clock_notes + notes

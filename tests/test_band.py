@@ -6,6 +6,7 @@ job_steps view of the target's own trace. Identity stays exact (no model, no err
 
 from __future__ import annotations
 
+import functools
 import json
 import statistics
 from pathlib import Path
@@ -61,7 +62,7 @@ def test_cross_gpu_truth_lies_in_the_band(pair, src: str, dst: str) -> None:  # 
     assert s.low_ns < s.projected_ns < s.high_ns
     notes = " ".join(res.notes)
     assert "kernel_small" in notes and "host_cpu" in notes
-    assert "not measured" in notes  # kernel_large is an assumed error, and says so
+    assert "not measured" not in notes  # every GPU term is sized from the pairs' errors
 
 
 def test_identity_has_no_model_error(pair) -> None:  # noqa: ANN001
@@ -73,22 +74,59 @@ def test_identity_has_no_model_error(pair) -> None:  # noqa: ANN001
     assert not any(n.startswith("band:") for n in res.notes)
 
 
-@pytest.mark.parametrize(("src", "dst"), [("h100", "mi300x"), ("mi300x", "h100")])
-def test_cross_gpu_kernel_time_within_15_percent(pair, src: str, dst: str) -> None:  # noqa: ANN001
-    """The pair's GPU kernel time projected onto the other GPU, against that GPU's own trace
-    (summed from its gpu_ops): within 15% both ways. The floors and the MI300X's class
-    efficiencies were fitted on this pair (replay/gpus/mi300x.toml), so this guards the fit
-    and its use in the replay; it is not an out-of-sample check."""
-    con, replayers, _ = pair
-    g = replayers[src].graph
+@functools.cache
+def _floor_without_bert() -> float:
+    """The H100 floor fitted leaving the bert pair out (benchmarks/gpu_accuracy.py ``fit``):
+    the least 1st percentile of the kernel durations of the other pairs' H100 traces, read
+    from their JSON (their ingest would cost ~40 s)."""
+    import gzip
+    import json
+
+    import numpy as np
+
+    p1 = []
+    for name in ("Qwen_Qwen1.5-0.5B-Chat__1016005", "facebook_timesformer-base-finetuned-k400"
+                 "__1016002"):
+        with gzip.open(BERT / "h100" / f"{name}.json.gz") as f:
+            events = json.load(f)["traceEvents"]
+        dur = [round(e["dur"] * 1000) for e in events
+               if e.get("cat") == "kernel" and e.get("ph") == "X"]
+        p1.append(float(np.percentile(dur, 1)))
+    return min(p1)
+
+
+@pytest.mark.parametrize(("src", "dst", "lo", "hi"), [("h100", "mi300x", -0.32, -0.31),
+                                                      ("mi300x", "h100", 0.58, 0.59)])
+def test_cross_gpu_kernel_time_out_of_sample(pair, src: str, dst: str, lo: float,  # noqa: ANN001
+                                             hi: float) -> None:
+    """The bert pair held out (the H100 floor, the one fitted constant, refitted on the other
+    two pairs: 1.568 us): its GPU kernel time projected onto the other GPU against that GPU's
+    own trace is off by the -31.5% / +58.5% benchmarks/gpu_accuracy.py measured (attention
+    kernels 4x slower on the MI300X than the roofline says), within the band's kernel_small
+    term, and the band covers the step."""
+    import dataclasses
+
+    from tracetool.replay.hardware import catalog
     from tracetool.replay.model import op_factors
 
-    f, _ = op_factors(g, Scenario(gpu=resolve_gpu(dst)))
+    floor = _floor_without_bert()
+    assert floor == 1568.0
+    gpus = catalog()
+    gpus["h100"] = dataclasses.replace(gpus["h100"], kernel_floor_ns=floor)
+    con, replayers, measured = pair
+    scenario = Scenario(gpu=gpus[dst], source_gpu=gpus[src])
+    g = replayers[src].graph
+    f, _ = op_factors(g, scenario)
     kernels = g.ops["kind"].astype(str) == "kernel"
     projected = float((g.ops["dur"][kernels] * f[kernels]).sum())
-    measured = con.execute("SELECT sum(dur_ns) FROM gpu_ops WHERE job = ? AND kind = 'kernel'",
-                           [dst]).fetchone()[0]
-    assert abs(projected / measured - 1) <= 0.15, (projected, measured)
+    truth = con.execute("SELECT sum(dur_ns) FROM gpu_ops WHERE job = ? AND kind = 'kernel'",
+                        [dst]).fetchone()[0]
+    assert lo <= projected / truth - 1 <= hi, (projected, truth)
+    e = ERRORS["kernel_small"].e  # the band's term for these (mostly launch-sized) kernels
+    assert 1 / (1 + e) <= projected / truth <= 1 + e
+    s = replayers[src].run(scenario, critical_path=False).steps[0]
+    (step,), = measured[dst]
+    assert s.low_ns <= step <= s.high_ns
 
 
 # steps of 100, 100, 100 and 1000 us (CPU annotation, one kernel launched in each): their

@@ -247,15 +247,16 @@ def test_a_power_cap_lengthens_compute_kernels_by_its_clock(
 def test_with_a_target_gpu_the_clock_is_the_targets(
         con: duckdb.DuckDBPyConnection, replayers: dict[str, Replayer]) -> None:
     """alexnet (A100) onto an H100 at half the H100's boost: compute-class kernels (no shapes:
-    the peak ratio, bf16 assumed): the H100's floor plus their time above the A100's floor x
-    A100 / H100 peak x 2 (the floor, a launch-bound kernel's time, is not scaled by the
-    clock); the rest as for --gpu alone."""
+    the ratio of peaks at their achievable fractions, bf16 assumed): the H100's floor plus
+    their time above the A100's floor x A100 / H100 achievable peak x 2 (the floor, a
+    launch-bound kernel's time, is not scaled by the clock); the rest as for --gpu alone."""
     a100, h100 = _toml("a100"), _toml("h100")
     r = replayers["alexnet"]
     onto = r.run(Scenario(gpu=resolve_gpu("h100")))
     half = r.run(Scenario(gpu=resolve_gpu("h100"),
                           gpu_clock_mhz=h100["clocks"]["boost_mhz"] / 2))
-    ratio = a100["peak"]["bf16_tflops"] / h100["peak"]["bf16_tflops"]
+    ratio = (a100["peak"]["bf16_tflops"] * a100["achievable"]["compute"]
+             / (h100["peak"]["bf16_tflops"] * h100["achievable"]["compute"]))
     for rank, eid, category, dur, *_ in _kernels(con, "alexnet"):
         got = _durations(r, half.times_ns, rank, eid)
         if category in COMPUTE_CLASSES:

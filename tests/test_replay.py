@@ -358,10 +358,11 @@ def test_trace_without_profiler_steps_is_one_window(tmp_path: Path) -> None:
     assert s.projected_ns == 210_000  # kernel 150-200 us, sync returns 10 us later
     code, stdout, _ = run("replay", store, "--speedup", "gemm=2")
     assert code == 0 and " trace " in stdout
-    # no shapes recorded: a GEMM scales by the peak ratio (bf16 when the dtype is unknown)
-    # above the H100's floor, on top of the B200's
+    # no shapes recorded: a GEMM scales by the ratio of peaks at their achievable fractions
+    # (bf16 when the dtype is unknown) above the H100's floor, on top of the B200's
     h, b = _toml("h100"), _toml("b200")
-    ratio = h["peak"]["bf16_tflops"] / b["peak"]["bf16_tflops"]
+    ratio = (h["peak"]["bf16_tflops"] * h["achievable"]["compute"]
+             / (b["peak"]["bf16_tflops"] * b["achievable"]["compute"]))
     floor_h, floor_b = h["kernels"]["floor_us"] * 1e3, b["kernels"]["floor_us"] * 1e3
     (s,) = r.run(Scenario(gpu=resolve_gpu("b200"), source_gpu=resolve_gpu("h100"))).steps
     assert s.projected_ns == pytest.approx(
