@@ -27,7 +27,7 @@ from tracetool.replay.simulate import schedule
 from ._util import SHARED_TRACES, kineto_text, run, write, x
 
 US = 1000  # ns
-HOST_CPU = 1 + ERRORS["host_cpu"].e  # the band's ratio on CPU work (x/1.12)
+HOST_CPU = 1 + ERRORS["host_cpu"].e  # the band's ratio on CPU work (x/1.2)
 
 # one CPU thread: aten::mm (0-100 us) launching a GEMM (cudaLaunchKernel 20-30) that runs
 # 150-250 on the GPU, a device sync 110-260 (returns 10 us after the kernel ends), then
@@ -83,12 +83,12 @@ def test_cpu_work_is_divided_and_waits_are_kept(host: Replayer, f: float) -> Non
     (s,) = res.steps
     assert s.measured_ns == 400 * US == round(host_step_us(1.0) * US)
     assert s.projected_ns == round(host_step_us(1 / f) * US)
-    # the band: the CPU work at x/1.12 (host_cpu), scheduled by hand at both ends
+    # the band: the CPU work at x/(1 + e) (host_cpu), scheduled by hand at both ends
     assert s.low_ns == round(host_step_us(1 / f / HOST_CPU) * US)
     assert s.high_ns == round(host_step_us(HOST_CPU / f) * US)
     assert f"CPU work divided by {f:g}: 6 edges, 0.250 ms of the replayed events' CPU time" \
         in res.notes[0]
-    assert res.notes[1] == "band: host_cpu x/1.12 (6 edges) (replay/band.py ERRORS, " \
+    assert res.notes[1] == f"band: host_cpu x/{HOST_CPU:g} (6 edges) (replay/band.py ERRORS, " \
                            "docs/replay_band.md)"
 
 
