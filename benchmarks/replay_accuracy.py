@@ -52,10 +52,6 @@ NETLAB = REPO / "sample_traces" / "netlab"
 VALIDATION = NETLAB / "validation.json"
 RECORD = REPO / "benchmarks" / "accuracy_record.json"
 BERT = REPO.parent / "shared/traces/AMD-AGI__TraceLens/tests/traces"
-# what makes two settings the same job (their traces project onto each other's networks);
-# a setting's "family" field, when the generator writes one, wins
-JOB_KEYS = ("pattern", "world_size", "batch_per_rank", "grad_bytes", "num_buckets", "pinning",
-            "threads", "skew")
 
 
 def _mean(values: Iterable[float]) -> float:
@@ -68,48 +64,40 @@ def load_settings() -> dict[str, dict]:
     return json.loads((NETLAB / "measured.json").read_text())["settings"]
 
 
-def validation_settings(settings: dict[str, dict]) -> list[str]:
-    """The settings validation.json holds out of every fit (chosen by seed before fitting):
-    a list of setting names, or an object whose "held_out" / "validation" / "settings" entry
-    is such a list (or an object keyed by them). None: no file."""
-    if not VALIDATION.is_file():
-        return []
-    doc = json.loads(VALIDATION.read_text())
-    if isinstance(doc, dict):
-        key = next((k for k in ("held_out", "validation", "settings") if k in doc), None)
-        if key is None:
-            raise SystemExit(f"{VALIDATION}: no held_out, validation or settings entry")
-        doc = doc[key]
-    names = list(doc)
-    unknown = [n for n in names if n not in settings]
-    if unknown:
-        raise SystemExit(f"{VALIDATION}: settings not in measured.json: {', '.join(unknown)}")
-    return names
+def family_of(setting: dict) -> str:
+    """A setting's job family, as make_netlab.py names jobs (validation.json's held_out_jobs):
+    its pattern and world size; the settings of one family replay onto each other's network."""
+    return setting.get("family") or f"{setting['pattern']}, {setting['world_size']} ranks"
 
 
 def netlab_families(settings: dict[str, dict]) -> dict[str, list[str]]:
-    """The settings by job family, in measured.json's order. A family is named by its
-    pattern and world size, plus the JOB_KEYS that tell it from another family of the same
-    pattern and size (``ddp_allreduce, 2 ranks, num_buckets=1``)."""
-    sig = {n: s.get("family") or json.dumps({k: s.get(k) for k in JOB_KEYS}, sort_keys=True)
-           for n, s in settings.items()}
-    groups: dict[str, list[str]] = {}
-    for n in settings:
-        groups.setdefault(sig[n], []).append(n)
-    base = {g: (settings[ns[0]].get("family")
-                or f"{settings[ns[0]]['pattern']}, {settings[ns[0]]['world_size']} ranks")
-            for g, ns in groups.items()}
+    """The settings by job family, in measured.json's order."""
     out: dict[str, list[str]] = {}
-    for g, ns in groups.items():
-        name = base[g]
-        twins = [h for h in groups if h != g and base[h] == name]
-        if twins:
-            first = settings[ns[0]]
-            differ = [k for k in JOB_KEYS if any(settings[groups[h][0]].get(k) != first.get(k)
-                                                 for h in twins)]
-            name += "".join(f", {k}={first.get(k)}" for k in differ)
-        out[name] = ns
+    for n, s in settings.items():
+        out.setdefault(family_of(s), []).append(n)
     return out
+
+
+def validation_settings(settings: dict[str, dict]) -> tuple[list[str], list[str]]:
+    """The settings validation.json holds out of every fit (chosen by seed before the
+    capture, make_netlab.py validation_split): its held_out_settings and every setting of its
+    held_out_jobs (a bare list: setting names); and the names it holds out that measured.json
+    does not have (not captured yet: nothing to fit on or to check). ([], []) without it."""
+    if not VALIDATION.is_file():
+        return [], []
+    doc = json.loads(VALIDATION.read_text())
+    if isinstance(doc, list):
+        doc = {"held_out_settings": doc}
+    if "held_out_settings" not in doc and "held_out_jobs" not in doc:
+        raise SystemExit(f"{VALIDATION}: no held_out_settings or held_out_jobs")
+    families = netlab_families(settings)
+    names = [n for n in doc.get("held_out_settings", []) if n in settings]
+    missing = [n for n in doc.get("held_out_settings", []) if n not in settings]
+    for j in doc.get("held_out_jobs", []):
+        if j not in families:
+            missing.append(f"job {j!r}")
+        names += [n for n in families.get(j, []) if n not in names]
+    return names, missing
 
 
 def live_constants() -> dict[str, float]:
@@ -167,6 +155,7 @@ class Pair:
     low: float = float("nan")  # mean band, ns
     high: float = float("nan")
     terms: tuple[str, ...] = ()  # the network band terms its changed collectives used
+    failed: str = ""  # why the replay could not project it (then NaN, and not covered)
 
     @property
     def error(self) -> float:
@@ -181,6 +170,8 @@ class Pair:
         return (self.high - self.low) / self.truth
 
     def as_json(self) -> dict:
+        if self.failed:
+            return {"src": self.src, "dst": self.dst, "failed": self.failed}
         return {"src": self.src, "dst": self.dst, "error": round(self.error, 6),
                 "covered": self.covered, "width": round(self.width, 6),
                 "terms": list(self.terms)}
@@ -212,7 +203,12 @@ class Netlab:
         """``src``'s trace onto ``dst``'s network under the constants in force."""
         sc = self.scenario(src, dst)
         r = self.replayers[src]
-        res = r.run(sc, critical_path=False, breakdown=False)
+        try:
+            res = r.run(sc, critical_path=False, breakdown=False)
+        except Exception as err:  # noqa: BLE001 - reported with the pair, counted as a miss
+            nan = float("nan")
+            return Pair(family, src, dst, nan, self.truth[dst], nan, nan, (),
+                        f"{type(err).__name__}: {err}".splitlines()[0])
         used: tuple[str, ...] = ()
         if terms:
             _, u = band.edge_errors(r.graph, sc, weights(r.graph, sc).w)
@@ -223,6 +219,11 @@ class Netlab:
 
 
 # ---- fitting, in sample and leaving one family out -----------------------------------------
+
+def _abs_error(projected: float, truth: float) -> float:
+    e = abs(projected / truth - 1)
+    return e if np.isfinite(e) else float("inf")
+
 
 class Study:
     """Every pair of the netlab families projected under the live constants (in sample), on
@@ -259,7 +260,8 @@ class Study:
     def fit_fill(self, without: set[str]) -> float:
         """SHARED_FILL fitted on the fit pairs of every family but ``without``."""
         pairs = [p for f in self.families if f not in without for p in self.pairs(f)]
-        worst = {fill: max(abs(proj[p] / self.lab.truth[p[1]] - 1) for p in pairs)
+        # a pair the replay cannot project counts as an infinite error at every value
+        worst = {fill: max(_abs_error(proj[p], self.lab.truth[p[1]]) for p in pairs)
                  for fill, proj in self.grid.items()} if pairs else {}
         return fit_shared_fill(worst)
 
@@ -275,14 +277,17 @@ class Study:
 
     def run_rotations(self) -> None:
         """Leave one family out: fit on the others, project the held-out family's every
-        pair (its held-out settings too: none of it was fitted on)."""
+        fit pair (its validation.json settings are reported apart, with the live constants,
+        which were not fitted on them either)."""
         self.rotations: dict[str, dict] = {}
         for f in self.families:
+            if not self.pairs(f):  # held out whole, or one fit setting: nothing to rotate
+                continue
             fill = self.fit_fill({f})
             others = [g for g in self.families if g != f and self.pairs(g)]
             terms = fit_network_terms(self.cases(others, {f}))
             with shared_fill(fill), using_terms(terms):
-                pairs = [self.lab.project(f, a, b) for a, b in self.pairs(f, fit=None)]
+                pairs = [self.lab.project(f, a, b) for a, b in self.pairs(f)]
             self.rotations[f] = {"SHARED_FILL": fill, "terms": terms, "pairs": pairs}
 
     def refit(self) -> dict[str, float]:
@@ -293,41 +298,56 @@ class Study:
 
 
 def summary(pairs: list[Pair]) -> dict:
-    if not pairs:
-        return {"pairs": 0}
-    worst = max(pairs, key=lambda p: abs(p.error))
-    return {"pairs": len(pairs), "worst": round(abs(worst.error), 6),
-            "worst_pair": f"{worst.src} -> {worst.dst}",
-            "covered": sum(p.covered for p in pairs),
-            "mean_width": round(_mean(p.width for p in pairs), 6)}
+    """Worst |error|, band coverage and mean width of ``pairs``; a pair the replay failed
+    on counts as not covered and is named."""
+    ok = [p for p in pairs if not p.failed]
+    out: dict = {"pairs": len(pairs)}
+    if ok:
+        worst = max(ok, key=lambda p: abs(p.error))
+        out.update({"worst": round(abs(worst.error), 6),
+                    "worst_pair": f"{worst.src} -> {worst.dst}",
+                    "mean_width": round(_mean(p.width for p in ok), 6)})
+    out["covered"] = sum(p.covered for p in ok)
+    out["failed"] = [f"{p.src} -> {p.dst}: {p.failed}" for p in pairs if p.failed]
+    return out
 
 
-def _line(s: dict) -> str:
-    if not s["pairs"]:
+def _line(s: dict | None) -> str:
+    if not s or not s["pairs"]:
         return "no pairs"
-    return (f"worst {100 * s['worst']:5.2f}% ({s['worst_pair']}), band covers "
-            f"{s['covered']}/{s['pairs']}, mean width {100 * s['mean_width']:.1f}%")
+    out = (f"worst {100 * s['worst']:5.2f}% ({s['worst_pair']}), " if "worst" in s else "")
+    out += f"band covers {s['covered']}/{s['pairs']}"
+    if "mean_width" in s:
+        out += f", mean width {100 * s['mean_width']:.1f}%"
+    if s["failed"]:
+        out += f"; {len(s['failed'])} not projected: " + "; ".join(s["failed"])
+    return out
 
 
-def matrix(title: str, names: list[str], pairs: list[Pair], truth: dict[str, float]) -> None:
-    """Rows traced under, columns projected onto; '!' where the band misses the truth."""
+def matrix(title: str, names: list[str], pairs: list[Pair], truth: dict[str, float],
+           held_out: Iterable[str] = ()) -> None:
+    """Rows traced under, columns projected onto; '!' where the band misses the truth;
+    held-out settings marked *."""
     cell = {(p.src, p.dst): p for p in pairs}
-    w = max(8, max(len(s) for s in names) + 2)
+    held = set(held_out)
+    w = max(8, max(len(s) for s in names) + 3)
     print(f"  {title}")
-    print("  " + " " * w + "".join(f"{s:>{w}}" for s in names))
+    label = {s: s + ("*" if s in held else "") for s in names}
+    print("  " + " " * w + "".join(f"{label[s]:>{w}}" for s in names))
     for a in names:
         row = []
         for b in names:
             p = cell.get((a, b))
             row.append(f"{'0':>{w - 1}} " if a == b else "-".rjust(w) if p is None else
+                       "failed".rjust(w) if p.failed else
                        f"{100 * p.error:+{w - 2}.1f}%{' ' if p.covered else '!'}")
-        print(f"  {a:{w}}" + "".join(row))
+        print(f"  {label[a]:{w}}" + "".join(row))
     print("  measured mean steps, ms: " + ", ".join(f"{s} {truth[s] / 1e6:.1f}" for s in names))
 
 
 def network(store: Path) -> dict:
     settings = load_settings()
-    held_out = validation_settings(settings)
+    held_out, missing = validation_settings(settings)
     families = netlab_families(settings)
     lab = Netlab(store, settings)
     study = Study(lab, families, held_out)
@@ -340,48 +360,59 @@ def network(store: Path) -> dict:
           "the mean projected step against the mean step measured there; '!': the band misses "
           "it")
     print("families: " + "; ".join(f"{f} ({len(ns)} settings)" for f, ns in families.items()))
-    print("held out of every fit (validation.json): "
-          + (", ".join(held_out) if held_out else "none (no validation.json)"))
+    print("held out of every fit (validation.json, marked *): "
+          + (", ".join(held_out) if held_out else "none")
+          + ("" if VALIDATION.is_file() else " (no validation.json)"))
+    if missing:
+        print("validation.json holds out what measured.json does not have (not captured): "
+              + ", ".join(missing))
     record: dict = {"in_sample": {}, "out_of_sample": {}, "validation": {}}
+    groups: dict[str, list[Pair]] = {"in": [], "out": [], "validation": []}
     for f, names in families.items():
-        ins = [p for p in study.in_sample[f] if (p.src, p.dst) in set(study.pairs(f))]
-        rot = study.rotations[f]
+        fit, val = set(study.pairs(f)), set(study.pairs(f, fit=False))
+        ins = [p for p in study.in_sample[f] if (p.src, p.dst) in fit]
+        vals = [p for p in study.in_sample[f] if (p.src, p.dst) in val]
         print(f"\n{f}:")
-        matrix("in sample (the live constants, fitted on every family):", names, ins,
-               lab.truth)
+        matrix("the live constants (fitted on every family's fit settings: in sample, but for "
+               "the rows and columns marked *):", names, study.in_sample[f], lab.truth,
+               held_out)
+        record["in_sample"][f] = summary(ins)
+        if vals:
+            record["validation"][f] = summary(vals)
+        groups["in"] += ins
+        groups["validation"] += vals
+        rot = study.rotations.get(f)
+        if rot is None:
+            continue
         terms = ", ".join(f"{t} x/{1 + e:g}" for t, e in rot["terms"].items())
         matrix(f"out of sample (fitted without this family: SHARED_FILL {rot['SHARED_FILL']:g}"
-               f", {terms}):", names, rot["pairs"], lab.truth)
-        record["in_sample"][f] = summary(ins)
+               f", {terms}):", names, rot["pairs"], lab.truth, held_out)
         record["out_of_sample"][f] = {"SHARED_FILL": rot["SHARED_FILL"], "terms": rot["terms"],
                                       **summary(rot["pairs"]),
                                       "cases": [p.as_json() for p in rot["pairs"]]}
-        val = [p for p in study.in_sample[f] if (p.src, p.dst) in set(study.pairs(f, fit=False))]
-        if val:
-            record["validation"][f] = summary(val)
+        groups["out"] += rot["pairs"]
     print("\nsummary (pairs: off-diagonal; width: mean band width over the measured step)")
-    print(f"  {'family':34}{'':3}in sample / out of sample (leave this family out)")
+    print(f"  {'family':34}     in sample: the live constants, pairs of fit settings; out of "
+          "sample: this family left out; validation: pairs with a * setting, live constants")
     for f in families:
         print(f"  {f:34} in:  {_line(record['in_sample'][f])}")
-        print(f"  {'':34} out: {_line(record['out_of_sample'][f])}")
+        print(f"  {'':34} out: {_line(record['out_of_sample'].get(f))}")
         if f in record["validation"]:
-            print(f"  {'':34} validation settings, live constants: "
-                  f"{_line(record['validation'][f])}")
-    total = {k: [p for f in families for p in ps[f]] for k, ps in
-             (("in", {f: [p for p in study.in_sample[f] if (p.src, p.dst)
-                          in set(study.pairs(f))] for f in families}),
-              ("out", {f: study.rotations[f]["pairs"] for f in families}))}
-    record["all"] = {"in_sample": summary(total["in"]), "out_of_sample": summary(total["out"])}
+            print(f"  {'':34} val: {_line(record['validation'][f])}")
+    record["all"] = {"in_sample": summary(groups["in"]),
+                     "out_of_sample": summary(groups["out"]),
+                     "validation": summary(groups["validation"])}
     print(f"  {'all families':34} in:  {_line(record['all']['in_sample'])}")
     print(f"  {'':34} out: {_line(record['all']['out_of_sample'])}")
+    print(f"  {'':34} val: {_line(record['all']['validation'])}")
     print("\nrefit on the whole fit set: " + ", ".join(f"{k} {v:g}" for k, v in refit.items()))
     record.update({"constants": live, "refit": refit,
                    "fit_sets": {"SHARED_FILL": transport.SHARED_FILL_FIT_SET,
                                 "network_terms": band.NETWORK_FIT_SET,
                                 "host_cpu": band.HOST_FIT_SET},
                    "grid": list(SHARED_FILL_GRID), "families": families,
-                   "held_out": held_out, "truth_ms": {n: round(t / 1e6, 4)
-                                                      for n, t in lab.truth.items()}})
+                   "held_out": held_out, "held_out_missing": missing,
+                   "truth_ms": {n: round(t / 1e6, 4) for n, t in lab.truth.items()}})
     return record
 
 
