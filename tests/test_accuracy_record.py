@@ -168,3 +168,10 @@ def test_a_pair_the_replay_cannot_project_is_a_named_miss() -> None:
     assert s == {"pairs": 3, "worst": 0.2, "worst_pair": "b -> a", "mean_width": 0.225,
                  "covered": 1, "failed": ["a -> c: ValueError: no collective"]}
     assert ra._abs_error(nan, 100.0) == float("inf")  # a fit never prefers a failing value
+
+
+def test_fit_host_cpu_is_the_worst_host_ratio() -> None:
+    # the bert-small and Qwen pairs' CPU time per step, ms (benchmarks/replay_accuracy.py)
+    assert band.fit_host_cpu([(9.679, 8.761), (83.234, 77.197)]) == 0.11  # 10.48% up
+    assert band.fit_host_cpu([(639.944, 686.634)]) == 0.08  # 7.30%, the ratio either way
+    assert band.fit_host_cpu([]) == ERRORS["host_cpu"].e
