@@ -15,8 +15,9 @@ too, so a band never holds a negative time).
 The error terms are what the model missed on the project's own ground truth
 (``benchmarks/replay_accuracy.py`` prints them; ``docs/replay_band.md`` says how each was
 measured), so the band covers those cases by construction: it is calibrated there, not
-validated there. A term nothing measured is marked ``measured=False`` and a projection that
-uses it says so in its notes.
+validated there. The network terms are the exception: sized from errors out of sample (each
+netlab job left out of the fit in turn, ``fit_network_terms``). A term nothing measured is
+marked ``measured=False`` and a projection that uses it says so in its notes.
 """
 
 from __future__ import annotations
