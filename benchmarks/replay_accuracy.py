@@ -1,103 +1,419 @@
-"""Replay accuracy: the figures README.md quotes, printed from the traces themselves.
+"""Replay accuracy: the figures README.md quotes, printed from the traces themselves, in sample
+and out of sample, and the record tests/test_accuracy_record.py checks.
 
-1. Network ground truth (sample_traces/netlab): per job (2-rank DDP, 4-rank DDP,
-   all-to-all), each setting's trace projected onto every other setting's network; mean
-   projected step vs the mean step measured there, the worst error, and which sources have
-   collective calls the model cannot price.
-2. Cross-GPU (needs ../shared/traces): the bert-small trace of an H100 projected onto an
-   MI300X against the MI300X's own trace of the same model, and back; step time and GPU
-   kernel time (the mean projected compute of the breakdown).
+1. Network ground truth (sample_traces/netlab): every job family found in measured.json (the
+   settings of one job: same pattern, world size, model and buckets; ``netlab_families``),
+   each setting's trace projected onto every other setting of its family; mean projected step
+   vs the mean step measured there.
+   - in sample: the live constants (replay/transport.py SHARED_FILL, replay/band.py's network
+     terms), fitted on every family;
+   - out of sample, leave one job family out: for each family, SHARED_FILL fitted on the others
+     (``transport.fit_shared_fill`` over ``SHARED_FILL_GRID``) and the band's network terms
+     sized on the others (``band.fit_network_terms`` over the others' own leave-one-out
+     errors), then every pair of the held-out family projected with them;
+   - settings listed in sample_traces/netlab/validation.json (held out by seed before any
+     fit) are never fitted on: their pairs are reported apart, with the live constants.
+   The refit on the whole fit set is compared with the live constants (a mismatch is printed:
+   update the code and re-run), and everything is written to benchmarks/accuracy_record.json
+   with a hash of the constants and of the data (``fingerprint``).
+2. Host CPU (the band's host_cpu term, ``band.fit_host_cpu``): per H100 / MI300X pair of
+   ../shared/traces, the two hosts' CPU time per step; the term fitted on all pairs and, per
+   pair, on the others (leave one pair out).
+3. Cross-GPU: benchmarks/gpu_accuracy.py when it exists (its ``report()``, else its
+   ``main()``; a dict returned by ``report()`` is recorded under "gpu"); else the bert-small
+   H100 / MI300X pair of ../shared/traces, in sample.
 
-    python benchmarks/replay_accuracy.py
+    python benchmarks/replay_accuracy.py [--no-record]
 """
 
 from __future__ import annotations
 
+import datetime
+import hashlib
+import importlib.util
 import json
 import sys
 import tempfile
+from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 import tracetool
 from tracetool.ingest.pipeline import Options, ingest
-from tracetool.replay import Replayer, Scenario, parse_network, resolve_gpu
+from tracetool.replay import Replayer, Scenario, band, parse_network, resolve_gpu, transport
+from tracetool.replay.band import ERRORS, NETWORK_TERMS, fit_network_terms, using_terms
+from tracetool.replay.model import cpu_work, weights
+from tracetool.replay.transport import SHARED_FILL_GRID, fit_shared_fill, shared_fill
 
 REPO = Path(__file__).resolve().parent.parent
 NETLAB = REPO / "sample_traces" / "netlab"
+VALIDATION = NETLAB / "validation.json"
+RECORD = REPO / "benchmarks" / "accuracy_record.json"
 BERT = REPO.parent / "shared/traces/AMD-AGI__TraceLens/tests/traces"
 
 
-def _mean(values: list[float]) -> float:
-    return float(np.mean(values))
+def _mean(values: Iterable[float]) -> float:
+    return float(np.mean(list(values)))
 
 
-def netlab_families() -> dict[str, list[str]]:
-    """The netlab settings by job (traces that replay onto each other's networks), in
-    measured.json's order: the 2-rank DDP job, the 4-rank DDP job, the all-to-all job."""
-    settings = json.loads((NETLAB / "measured.json").read_text())["settings"]
+# ---- the ground truth: settings, families, held-out settings, fingerprint ------------------
+
+def load_settings() -> dict[str, dict]:
+    return json.loads((NETLAB / "measured.json").read_text())["settings"]
+
+
+def family_of(setting: dict) -> str:
+    """A setting's job family, as make_netlab.py names jobs (validation.json's held_out_jobs):
+    its pattern and world size; the settings of one family replay onto each other's network."""
+    return setting.get("family") or f"{setting['pattern']}, {setting['world_size']} ranks"
+
+
+def netlab_families(settings: dict[str, dict]) -> dict[str, list[str]]:
+    """The settings by job family, in measured.json's order."""
     out: dict[str, list[str]] = {}
-    for name, s in settings.items():
-        out.setdefault(f"{s['pattern']}, {s['world_size']} ranks", []).append(name)
+    for n, s in settings.items():
+        out.setdefault(family_of(s), []).append(n)
     return out
 
 
-def unmatched_collectives(con: object, job: str) -> int:
-    """Collective calls of ``job`` the replay graph cannot price: not matched across ranks
-    (instance NULL), or with no linked transfer span (kernel or gloo span): they keep their
-    measured time under any network."""
-    return con.execute(  # type: ignore[attr-defined]
-        """SELECT count(*) FROM collective_ranks WHERE job = ? AND (instance IS NULL
-           OR coalesce(kernel_eid, gloo_eid) IS NULL)""", [job]).fetchone()[0]
+def validation_settings(settings: dict[str, dict]) -> tuple[list[str], list[str]]:
+    """The settings validation.json holds out of every fit (chosen by seed before the
+    capture, make_netlab.py validation_split): its held_out_settings and every setting of its
+    held_out_jobs (a bare list: setting names); and the names it holds out that measured.json
+    does not have (not captured yet: nothing to fit on or to check). ([], []) without it."""
+    if not VALIDATION.is_file():
+        return [], []
+    doc = json.loads(VALIDATION.read_text())
+    if isinstance(doc, list):
+        doc = {"held_out_settings": doc}
+    if "held_out_settings" not in doc and "held_out_jobs" not in doc:
+        raise SystemExit(f"{VALIDATION}: no held_out_settings or held_out_jobs")
+    families = netlab_families(settings)
+    names = [n for n in doc.get("held_out_settings", []) if n in settings]
+    missing = [n for n in doc.get("held_out_settings", []) if n not in settings]
+    for j in doc.get("held_out_jobs", []):
+        if j not in families:
+            missing.append(f"job {j!r}")
+        names += [n for n in families.get(j, []) if n not in names]
+    return names, missing
 
 
-def network_matrix(store: Path) -> None:
-    settings = json.loads((NETLAB / "measured.json").read_text())["settings"]
-    for name, s in settings.items():
-        ingest([NETLAB / s["dir"]], Options(store=store, job=f"netlab_{name}"))
-    con = tracetool.connect(store)
-    print("network ground truth (sample_traces/netlab): rows traced under, columns projected "
-          "onto; error of the mean projected step against the mean step measured there")
-    for family, names in netlab_families().items():
-        replayers = {s: Replayer.from_store(con, f"netlab_{s}") for s in names}
-        measured = {s: _mean([x.measured_ns for x in r.run(critical_path=False).steps])
-                    for s, r in replayers.items()}
-        unmatched = {s: unmatched_collectives(con, f"netlab_{s}") for s in names}
-        width = max(len(s) for s in names) + 2
-        print(f"\n{family}:")
-        print(" " * width + "".join(f"{s:>{width}}" for s in names))
-        worst = {True: 0.0, False: 0.0}  # by: the source's collectives all priced
-        covered, widths = 0, []  # the band (replay/band.py) against the measured mean step
-        for src in names:
-            row = []
-            for dst in names:
-                res = replayers[src].run(
-                    Scenario(source_network=parse_network(settings[src]["network_spec"]),
-                             network=parse_network(settings[dst]["network_spec"])),
-                    critical_path=False)
-                err = _mean([x.projected_ns for x in res.steps]) / measured[dst] - 1
-                ok = not unmatched[src]
-                worst[ok] = max(worst[ok], abs(err))
-                lo, hi = (_mean([getattr(x, k) for x in res.steps]) for k in ("low_ns",
-                                                                              "high_ns"))
-                inside = lo <= measured[dst] <= hi
-                covered += inside
-                widths.append((hi - lo) / measured[dst])
-                row.append(f"{100 * err:+{width - 2}.1f}%{' ' if inside else '!'}")
-            print(f"{src:{width}}" + "".join(row))
-        print("measured mean steps, ms: " + ", ".join(f"{s} {measured[s] / 1e6:.1f}"
-                                                      for s in names))
-        bad = {s: n for s, n in unmatched.items() if n}
-        line = f"worst |error|: {100 * max(worst.values()):.2f}%"
-        if bad and len(bad) < len(names):
-            line += f"; {100 * worst[True]:.1f}% from sources whose collectives are all priced"
-        if bad:
-            line += ("; collective calls not priced (unmatched across ranks, or no transfer "
-                     "span: kept as measured): " + ", ".join(f"{s} {n}" for s, n in bad.items()))
-        print(line)
-        print(f"band coverage: {covered} of {len(names) ** 2} ('!': the measured step is "
-              f"outside the band), mean band width {100 * _mean(widths):.1f}% of the step")
+def live_constants() -> dict[str, float]:
+    """The constants fitted on ground truth this benchmark validates, as the code holds them:
+    SHARED_FILL and the band's network terms (netlab), host_cpu (the GPU pairs' hosts)."""
+    return {"SHARED_FILL": transport.SHARED_FILL,
+            **{t: ERRORS[t].e for t in (*NETWORK_TERMS, "host_cpu")}}
+
+
+def data_files(settings: dict[str, dict]) -> list[Path]:
+    """The ground truth the constants are fitted on: measured.json, validation.json and
+    every file of every setting's trace directory."""
+    files = [NETLAB / "measured.json", *([VALIDATION] if VALIDATION.is_file() else [])]
+    for s in settings.values():
+        files += sorted(p for p in (NETLAB / s["dir"]).rglob("*") if p.is_file())
+    return files
+
+
+def _files_sha256(files: Iterable[Path], root: Path) -> str:
+    h = hashlib.sha256()
+    for f in files:
+        name = f.relative_to(root).as_posix() if f.is_relative_to(root) else f.name
+        h.update(name.encode() + b"\0" + hashlib.sha256(f.read_bytes()).hexdigest().encode())
+    return h.hexdigest()
+
+
+def host_pairs() -> dict[str, tuple[Path, Path]]:
+    """The H100 / MI300X traces of one model in ../shared/traces (empty without it)."""
+    return {p.name.split("__")[0]: (p, BERT / "mi300" / p.name)
+            for p in sorted((BERT / "h100").glob("*.json.gz"))
+            if (BERT / "mi300" / p.name).is_file()}
+
+
+def fingerprint(constants: dict[str, float] | None = None) -> dict[str, str]:
+    """sha256 of the live constants, of the netlab data, and of the GPU pairs host_cpu is
+    fitted on ("absent" without ../shared/traces): any change to a fitted constant or to
+    its ground truth changes it."""
+    c = json.dumps(constants or live_constants(), sort_keys=True).encode()
+    pairs = host_pairs()
+    return {"constants": hashlib.sha256(c).hexdigest(),
+            "data": _files_sha256(data_files(load_settings()), NETLAB),
+            "host_data": _files_sha256((f for pair in pairs.values() for f in pair), BERT)
+            if pairs else "absent"}
+
+
+# ---- projecting pairs -----------------------------------------------------------------------
+
+@dataclass
+class Pair:
+    family: str
+    src: str
+    dst: str
+    projected: float  # mean projected step, ns
+    truth: float  # mean step measured under dst, ns
+    low: float = float("nan")  # mean band, ns
+    high: float = float("nan")
+    terms: tuple[str, ...] = ()  # the network band terms its changed collectives used
+    failed: str = ""  # why the replay could not project it (then NaN, and not covered)
+
+    @property
+    def error(self) -> float:
+        return self.projected / self.truth - 1
+
+    @property
+    def covered(self) -> bool:
+        return bool(self.low <= self.truth <= self.high)
+
+    @property
+    def width(self) -> float:
+        return (self.high - self.low) / self.truth
+
+    def as_json(self) -> dict:
+        if self.failed:
+            return {"src": self.src, "dst": self.dst, "failed": self.failed}
+        return {"src": self.src, "dst": self.dst, "error": round(self.error, 6),
+                "covered": self.covered, "width": round(self.width, 6),
+                "terms": list(self.terms)}
+
+
+class Netlab:
+    """The netlab traces ingested into one store, replayed onto each other's networks."""
+
+    def __init__(self, store: Path, settings: dict[str, dict],
+                 names: Iterable[str] | None = None, truth: dict[str, float] | None = None
+                 ) -> None:
+        """Ingest ``names`` (every setting if None); the truth (mean measured step, ns) of
+        each from its identity replay, unless given."""
+        self.settings = settings
+        names = list(settings) if names is None else list(names)
+        for n in names:
+            ingest([NETLAB / settings[n]["dir"]], Options(store=store, job=f"netlab_{n}"))
+        self.con = tracetool.connect(store)
+        self.replayers = {n: Replayer.from_store(self.con, f"netlab_{n}") for n in names}
+        self.truth = truth if truth is not None else {
+            n: _mean(x.measured_ns for x in r.run(critical_path=False, breakdown=False).steps)
+            for n, r in self.replayers.items()}
+
+    def scenario(self, src: str, dst: str) -> Scenario:
+        return Scenario(source_network=parse_network(self.settings[src]["network_spec"]),
+                        network=parse_network(self.settings[dst]["network_spec"]))
+
+    def project(self, family: str, src: str, dst: str, *, terms: bool = False) -> Pair:
+        """``src``'s trace onto ``dst``'s network under the constants in force."""
+        sc = self.scenario(src, dst)
+        r = self.replayers[src]
+        try:
+            res = r.run(sc, critical_path=False, breakdown=False)
+        except Exception as err:  # noqa: BLE001 - reported with the pair, counted as a miss
+            nan = float("nan")
+            return Pair(family, src, dst, nan, self.truth[dst], nan, nan, (),
+                        f"{type(err).__name__}: {err}".splitlines()[0])
+        used: tuple[str, ...] = ()
+        if terms:
+            _, u = band.edge_errors(r.graph, sc, weights(r.graph, sc).w)
+            used = tuple(sorted(t for t in u if t in NETWORK_TERMS))
+        return Pair(family, src, dst, _mean(x.projected_ns for x in res.steps),
+                    self.truth[dst], _mean(x.low_ns for x in res.steps),
+                    _mean(x.high_ns for x in res.steps), used)
+
+
+# ---- fitting, in sample and leaving one family out -----------------------------------------
+
+def _abs_error(projected: float, truth: float) -> float:
+    e = abs(projected / truth - 1)
+    return e if np.isfinite(e) else float("inf")
+
+
+class Study:
+    """Every pair of the netlab families projected under the live constants (in sample), on
+    SHARED_FILL_GRID (for the fits), and under each rotation's own fit (out of sample)."""
+
+    def __init__(self, lab: Netlab, families: dict[str, list[str]],
+                 held_out: Iterable[str]) -> None:
+        self.lab, self.families, self.held_out = lab, families, set(held_out)
+
+    def pairs(self, family: str, *, fit: bool | None = True) -> list[tuple[str, str]]:
+        """Off-diagonal pairs of a family (the identity is exact by construction): between
+        fit settings (``fit=True``), touching a held-out one (False) or all (None)."""
+        ns = self.families[family]
+        out = [(a, b) for a in ns for b in ns if a != b]
+        if fit is None:
+            return out
+        return [(a, b) for a, b in out if (a not in self.held_out and b not in self.held_out)
+                is fit]
+
+    def run_in_sample(self) -> dict[str, list[Pair]]:
+        self.in_sample = {f: [self.lab.project(f, a, b, terms=True)
+                              for a, b in self.pairs(f, fit=None)] for f in self.families}
+        self.terms = {(p.src, p.dst): p.terms for ps in self.in_sample.values() for p in ps}
+        return self.in_sample
+
+    def run_grid(self) -> None:
+        """Mean projected step of every fit pair at every SHARED_FILL_GRID value."""
+        self.grid: dict[float, dict[tuple[str, str], float]] = {}
+        for fill in SHARED_FILL_GRID:
+            with shared_fill(fill):
+                self.grid[fill] = {(a, b): self.lab.project(f, a, b).projected
+                                   for f in self.families for a, b in self.pairs(f)}
+
+    def fit_fill(self, without: set[str]) -> float:
+        """SHARED_FILL fitted on the fit pairs of every family but ``without``."""
+        pairs = [p for f in self.families if f not in without for p in self.pairs(f)]
+        # a pair the replay cannot project counts as an infinite error at every value
+        worst = {fill: max(_abs_error(proj[p], self.lab.truth[p[1]]) for p in pairs)
+                 for fill, proj in self.grid.items()} if pairs else {}
+        return fit_shared_fill(worst)
+
+    def cases(self, families: Iterable[str], without: set[str]) -> list[tuple]:
+        """(terms, projected, truth) of each family's fit pairs projected with SHARED_FILL
+        fitted without that family (and without ``without``): out-of-sample errors."""
+        out = []
+        for g in families:
+            fill = self.fit_fill(without | {g})
+            out += [(self.terms[p], self.grid[fill][p], self.lab.truth[p[1]])
+                    for p in self.pairs(g)]
+        return out
+
+    def run_rotations(self) -> None:
+        """Leave one family out: fit on the others, project the held-out family's every
+        fit pair (its validation.json settings are reported apart, with the live constants,
+        which were not fitted on them either)."""
+        self.rotations: dict[str, dict] = {}
+        for f in self.families:
+            if not self.pairs(f):  # held out whole, or one fit setting: nothing to rotate
+                continue
+            fill = self.fit_fill({f})
+            others = [g for g in self.families if g != f and self.pairs(g)]
+            terms = fit_network_terms(self.cases(others, {f}))
+            with shared_fill(fill), using_terms(terms):
+                pairs = [self.lab.project(f, a, b) for a, b in self.pairs(f)]
+            self.rotations[f] = {"SHARED_FILL": fill, "terms": terms, "pairs": pairs}
+
+    def refit(self) -> dict[str, float]:
+        """The constants fitted on the whole fit set: SHARED_FILL on every fit pair, the
+        band's terms on the rotations' out-of-sample errors of the fit pairs."""
+        terms = fit_network_terms(self.cases(self.families, set()))
+        return {"SHARED_FILL": self.fit_fill(set()), **terms}
+
+
+def summary(pairs: list[Pair]) -> dict:
+    """Worst |error|, band coverage and mean width of ``pairs``; a pair the replay failed
+    on counts as not covered and is named."""
+    ok = [p for p in pairs if not p.failed]
+    out: dict = {"pairs": len(pairs)}
+    if ok:
+        worst = max(ok, key=lambda p: abs(p.error))
+        out.update({"worst": round(abs(worst.error), 6),
+                    "worst_pair": f"{worst.src} -> {worst.dst}",
+                    "mean_width": round(_mean(p.width for p in ok), 6)})
+    out["covered"] = sum(p.covered for p in ok)
+    out["failed"] = [f"{p.src} -> {p.dst}: {p.failed}" for p in pairs if p.failed]
+    return out
+
+
+def _line(s: dict | None) -> str:
+    if not s or not s["pairs"]:
+        return "no pairs"
+    out = (f"worst {100 * s['worst']:5.2f}% ({s['worst_pair']}), " if "worst" in s else "")
+    out += f"band covers {s['covered']}/{s['pairs']}"
+    if "mean_width" in s:
+        out += f", mean width {100 * s['mean_width']:.1f}%"
+    if s["failed"]:
+        out += f"; {len(s['failed'])} not projected: " + "; ".join(s["failed"])
+    return out
+
+
+def matrix(title: str, names: list[str], pairs: list[Pair], truth: dict[str, float],
+           held_out: Iterable[str] = ()) -> None:
+    """Rows traced under, columns projected onto; '!' where the band misses the truth;
+    held-out settings marked *."""
+    cell = {(p.src, p.dst): p for p in pairs}
+    held = set(held_out)
+    w = max(8, max(len(s) for s in names) + 3)
+    print(f"  {title}")
+    label = {s: s + ("*" if s in held else "") for s in names}
+    print("  " + " " * w + "".join(f"{label[s]:>{w}}" for s in names))
+    for a in names:
+        row = []
+        for b in names:
+            p = cell.get((a, b))
+            row.append(f"{'0':>{w - 1}} " if a == b else "-".rjust(w) if p is None else
+                       "failed".rjust(w) if p.failed else
+                       f"{100 * p.error:+{w - 2}.1f}%{' ' if p.covered else '!'}")
+        print(f"  {label[a]:{w}}" + "".join(row))
+    print("  measured mean steps, ms: " + ", ".join(f"{s} {truth[s] / 1e6:.1f}" for s in names))
+
+
+def network(store: Path) -> dict:
+    settings = load_settings()
+    held_out, missing = validation_settings(settings)
+    families = netlab_families(settings)
+    lab = Netlab(store, settings)
+    study = Study(lab, families, held_out)
+    study.run_in_sample()
+    study.run_grid()
+    study.run_rotations()
+    refit, live = study.refit(), live_constants()
+    print("network ground truth (sample_traces/netlab): each setting's trace projected onto "
+          "every other setting of its job family (the identity, exact, left out); error of "
+          "the mean projected step against the mean step measured there; '!': the band misses "
+          "it")
+    print("families: " + "; ".join(f"{f} ({len(ns)} settings)" for f, ns in families.items()))
+    print("held out of every fit (validation.json, marked *): "
+          + (", ".join(held_out) if held_out else "none")
+          + ("" if VALIDATION.is_file() else " (no validation.json)"))
+    if missing:
+        print("validation.json holds out what measured.json does not have (not captured): "
+              + ", ".join(missing))
+    record: dict = {"in_sample": {}, "out_of_sample": {}, "validation": {}}
+    groups: dict[str, list[Pair]] = {"in": [], "out": [], "validation": []}
+    for f, names in families.items():
+        fit, val = set(study.pairs(f)), set(study.pairs(f, fit=False))
+        ins = [p for p in study.in_sample[f] if (p.src, p.dst) in fit]
+        vals = [p for p in study.in_sample[f] if (p.src, p.dst) in val]
+        print(f"\n{f}:")
+        matrix("the live constants (fitted on every family's fit settings: in sample, but for "
+               "the rows and columns marked *):", names, study.in_sample[f], lab.truth,
+               held_out)
+        record["in_sample"][f] = summary(ins)
+        if vals:
+            record["validation"][f] = summary(vals)
+        groups["in"] += ins
+        groups["validation"] += vals
+        rot = study.rotations.get(f)
+        if rot is None:
+            continue
+        terms = ", ".join(f"{t} x/{1 + e:g}" for t, e in rot["terms"].items())
+        matrix(f"out of sample (fitted without this family: SHARED_FILL {rot['SHARED_FILL']:g}"
+               f", {terms}):", names, rot["pairs"], lab.truth, held_out)
+        record["out_of_sample"][f] = {"SHARED_FILL": rot["SHARED_FILL"], "terms": rot["terms"],
+                                      **summary(rot["pairs"]),
+                                      "cases": [p.as_json() for p in rot["pairs"]]}
+        groups["out"] += rot["pairs"]
+    print("\nsummary (pairs: off-diagonal; width: mean band width over the measured step)")
+    print(f"  {'family':34}     in sample: the live constants, pairs of fit settings; out of "
+          "sample: this family left out; validation: pairs with a * setting, live constants")
+    for f in families:
+        print(f"  {f:34} in:  {_line(record['in_sample'][f])}")
+        print(f"  {'':34} out: {_line(record['out_of_sample'].get(f))}")
+        if f in record["validation"]:
+            print(f"  {'':34} val: {_line(record['validation'][f])}")
+    record["all"] = {"in_sample": summary(groups["in"]),
+                     "out_of_sample": summary(groups["out"]),
+                     "validation": summary(groups["validation"])}
+    print(f"  {'all families':34} in:  {_line(record['all']['in_sample'])}")
+    print(f"  {'':34} out: {_line(record['all']['out_of_sample'])}")
+    print(f"  {'':34} val: {_line(record['all']['validation'])}")
+    print("\nrefit on the whole fit set: " + ", ".join(f"{k} {v:g}" for k, v in refit.items()))
+    record.update({"constants": live, "refit": refit,
+                   "fit_sets": {"SHARED_FILL": transport.SHARED_FILL_FIT_SET,
+                                "network_terms": band.NETWORK_FIT_SET,
+                                "host_cpu": band.HOST_FIT_SET},
+                   "grid": list(SHARED_FILL_GRID), "families": families,
+                   "held_out": held_out, "held_out_missing": missing,
+                   "truth_ms": {n: round(t / 1e6, 4) for n, t in lab.truth.items()}})
+    return record
 
 
 def kernel_classes(src: Replayer, dst: Replayer, target: str) -> None:
@@ -144,11 +460,85 @@ def cross_gpu(store: Path) -> None:
         kernel_classes(r[src], r[dst], dst)
 
 
-def main() -> int:
+def host(store: Path) -> dict | None:
+    """The band's host_cpu term: per pair of traces of one model on two hosts, each host's
+    CPU time per step; the term fitted on every pair (in sample) and, for each pair, on the
+    others (does the held-out pair's error fall within it?)."""
+    pairs = host_pairs()
+    if not pairs:
+        print("host CPU (band term host_cpu): skipped (../shared/traces not found)")
+        return None
+    ms: dict[str, tuple[float, float]] = {}
+    for model, files in pairs.items():
+        cpu = []
+        for gpu_name, f in zip(("h100", "mi300x"), files, strict=True):
+            job = f"host_{model}_{gpu_name}"
+            ingest([f], Options(store=store, job=job, rank=0))
+            r = Replayer.from_store(tracetool.connect(store), job)
+            steps = r.run(critical_path=False, breakdown=False).steps
+            g = r.graph
+            cpu.append(float(g.base_w[cpu_work(g)].sum()) / len(steps))
+        ms[model] = (cpu[0] / 1e6, cpu[1] / 1e6)
+    fit = band.fit_host_cpu(ms.values())
+    print("host CPU (band term host_cpu): each host's CPU time per step (the graph's CPU "
+          "time between ops), H100 host vs MI300X host; --gpu keeps the source host's")
+    out: dict = {"pairs": {}, "fit": fit}
+    for model, (a, b) in ms.items():
+        e = band.ratio_error(a, b)
+        loo = band.fit_host_cpu(v for k, v in ms.items() if k != model)
+        print(f"  {model:40} {a:9.3f} vs {b:9.3f} ms: ratio error {100 * e:5.1f}%; term fitted "
+              f"on the others x/{1 + loo:g}: {'covers' if e <= loo else 'MISSES'}")
+        out["pairs"][model] = {"h100_ms": round(a, 4), "mi300x_ms": round(b, 4),
+                               "ratio_error": round(e, 6), "fit_without": loo,
+                               "covered": e <= loo}
+    n = sum(v["covered"] for v in out["pairs"].values())
+    print(f"  host_cpu fitted on every pair: x/{1 + fit:g}; out of sample (leave one pair "
+          f"out) the term covers {n} of {len(ms)} pairs' host difference")
+    return out
+
+
+def gpu(store: Path) -> dict | None:
+    """The cross-GPU section: benchmarks/gpu_accuracy.py when it exists (its ``report()``,
+    whose dict is recorded, else its ``main()``), else the bert-small pair, in sample."""
+    path = REPO / "benchmarks" / "gpu_accuracy.py"
+    if not path.is_file():
+        cross_gpu(store)
+        return None
+    spec = importlib.util.spec_from_file_location("gpu_accuracy", path)
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    if hasattr(module, "report"):
+        return module.report()
+    module.main()
+    return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
     with tempfile.TemporaryDirectory() as tmp:
-        network_matrix(Path(tmp) / "netlab")
-        cross_gpu(Path(tmp) / "bert")
-    return 0
+        record = network(Path(tmp) / "netlab")
+        print()
+        host_record = host(Path(tmp) / "host")
+        print()
+        gpu_record = gpu(Path(tmp) / "bert")
+    if host_record is not None:
+        record["host"] = host_record
+        record["refit"]["host_cpu"] = host_record["fit"]
+    if gpu_record is not None:
+        record["gpu"] = gpu_record
+    record["stale"] = sorted(k for k, v in record["refit"].items()
+                             if record["constants"][k] != v)
+    for k in record["stale"]:
+        print(f"STALE: {k} is {record['constants'][k]:g} in the code, the fit gives "
+              f"{record['refit'][k]:g}: update replay/transport.py / replay/band.py and re-run")
+    if "--no-record" not in argv:
+        record = {"written": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+                  "by": "python benchmarks/replay_accuracy.py",
+                  "hash": fingerprint(record["constants"]), **record}
+        RECORD.write_text(json.dumps(record, indent=1) + "\n")
+        print(f"\nwritten: {RECORD.relative_to(REPO)}")
+    return 1 if record["stale"] else 0
 
 
 if __name__ == "__main__":
