@@ -290,8 +290,8 @@ HOST_FIT_SET = ("../shared/traces, AMD-AGI__TraceLens/tests/traces/{h100,mi300}:
 
 def fit_host_cpu(pairs: Iterable[tuple[float, float]]) -> float:
     """host_cpu sized on traces of one model on two hosts: per pair, each host's CPU time per
-    step (``model.cpu_work``'s edges summed). ``--gpu`` keeps the source host's CPU time, so a pair's
-    error is the ratio of the two; e is the worst such ratio error, rounded up to a whole
+    step (``model.cpu_work``'s edges summed). ``--gpu`` keeps the source host's CPU time, so a
+    pair's error is the ratio of the two; e is the worst such ratio error, rounded up to a whole
     percent (no pair: the ERRORS value). Nothing in the model is fitted on these pairs, so
     each pair's error is already out of sample; only the size of the term is fitted."""
     worst = max((ratio_error(a, b) for a, b in pairs), default=None)
