@@ -93,10 +93,9 @@ def sweep_command(store: Path, job: str | None, source_gpu: str | None,
         fixed = {k: t for k, t, v in (("clock", gpu_clock, clocks), ("cap", power_cap, caps),
                                       ("cpu", cpu_speedup, cpus)) if not on_axis(v)}
         if not axes and gpus is None and dp_scales is None and len(fixed) == 3:
-            raise click.ClickException("nothing to sweep: give --network key=v1,v2,..., "
-                                       "--gpu, --dp-scale, or several --gpu-clock, "
-                                       "--power-cap or --cpu-speedup values (--placement is "
-                                       "not an axis)")
+            raise InputError("nothing to sweep: give --network key=v1,v2,..., --gpu, "
+                             "--dp-scale, or several --gpu-clock, --power-cap or --cpu-speedup "
+                             "values (--placement is not an axis)")
         scales = _dp_scales(dp_scales) if dp_scales is not None else None
         gpu_list = [g.strip() for g in gpus.split(",")] if gpus is not None else []
         parse_whatifs(source_gpu, speedups, tuple(gpu_list), fixed.get("clock"),
