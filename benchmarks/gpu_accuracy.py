@@ -137,12 +137,15 @@ def _worst(ratios: list[float]) -> float:
 def size_terms(results: list[dict]) -> dict[str, float]:
     """The band's GPU terms sized from ``results`` (projections with ``regime``): each kernel
     term the worst ratio error of the GPU kernel time of its regime's jobs (the other
-    regime's when none), host_cpu the worst ratio error of their steps."""
+    regime's when none), host_cpu the worst ratio error of their steps (``band.fit_host_cpu``:
+    ``--gpu`` keeps the source host's CPU time, so what the step misses beyond the kernels is
+    the hosts')."""
     kern = {t: _worst([1 + r["kernel_err"] for r in results if r["regime"] == t])
             for t in ("kernel_small", "kernel_large")}
     for t, o in (("kernel_small", "kernel_large"), ("kernel_large", "kernel_small")):
         kern[t] = kern[t] or kern[o]
-    return kern | {"host_cpu": _worst([1 + r["step_err"] for r in results])}
+    return kern | {"host_cpu": band.fit_host_cpu((r["step_ms"], r["step_measured_ms"])
+                                                 for r in results)}
 
 
 def band_with(rep: Replayer, scenario: Scenario, terms: dict[str, float]) -> tuple[float, float]:

@@ -16,12 +16,9 @@ and out of sample, and the record tests/test_accuracy_record.py checks.
    The refit on the whole fit set is compared with the live constants (a mismatch is printed:
    update the code and re-run), and everything is written to benchmarks/accuracy_record.json
    with a hash of the constants and of the data (``fingerprint``).
-2. Host CPU (the band's host_cpu term, ``band.fit_host_cpu``): per H100 / MI300X pair of
-   ../shared/traces, the two hosts' CPU time per step; the term fitted on all pairs and, per
-   pair, on the others (leave one pair out).
-3. Cross-GPU: benchmarks/gpu_accuracy.py when it exists (its ``report()``, else its
-   ``main()``; a dict returned by ``report()`` is recorded under "gpu"); else the bert-small
-   H100 / MI300X pair of ../shared/traces, in sample.
+2. Cross-GPU: benchmarks/gpu_accuracy.py (the three H100 / MI300X pairs, leave one pair
+   out; it sizes the band's GPU terms and host_cpu, and its own hash of them is checked by
+   tests/test_gpu_model.py).
 
     python benchmarks/replay_accuracy.py [--no-record]
 """
@@ -42,9 +39,9 @@ import numpy as np
 
 import tracetool
 from tracetool.ingest.pipeline import Options, ingest
-from tracetool.replay import Replayer, Scenario, band, parse_network, resolve_gpu, transport
+from tracetool.replay import Replayer, Scenario, band, parse_network, transport
 from tracetool.replay.band import ERRORS, NETWORK_TERMS, fit_network_terms, using_terms
-from tracetool.replay.model import cpu_work, weights
+from tracetool.replay.model import weights
 from tracetool.replay.transport import SHARED_FILL_GRID, fit_shared_fill, shared_fill
 
 REPO = Path(__file__).resolve().parent.parent
@@ -102,9 +99,9 @@ def validation_settings(settings: dict[str, dict]) -> tuple[list[str], list[str]
 
 def live_constants() -> dict[str, float]:
     """The constants fitted on ground truth this benchmark validates, as the code holds them:
-    SHARED_FILL and the band's network terms (netlab), host_cpu (the GPU pairs' hosts)."""
-    return {"SHARED_FILL": transport.SHARED_FILL,
-            **{t: ERRORS[t].e for t in (*NETWORK_TERMS, "host_cpu")}}
+    SHARED_FILL and the band's network terms (netlab; the GPU and host terms are
+    benchmarks/gpu_accuracy.py's)."""
+    return {"SHARED_FILL": transport.SHARED_FILL, **{t: ERRORS[t].e for t in NETWORK_TERMS}}
 
 
 def data_files(settings: dict[str, dict]) -> list[Path]:
@@ -124,23 +121,12 @@ def _files_sha256(files: Iterable[Path], root: Path) -> str:
     return h.hexdigest()
 
 
-def host_pairs() -> dict[str, tuple[Path, Path]]:
-    """The H100 / MI300X traces of one model in ../shared/traces (empty without it)."""
-    return {p.name.split("__")[0]: (p, BERT / "mi300" / p.name)
-            for p in sorted((BERT / "h100").glob("*.json.gz"))
-            if (BERT / "mi300" / p.name).is_file()}
-
-
 def fingerprint(constants: dict[str, float] | None = None) -> dict[str, str]:
-    """sha256 of the live constants, of the netlab data, and of the GPU pairs host_cpu is
-    fitted on ("absent" without ../shared/traces): any change to a fitted constant or to
-    its ground truth changes it."""
+    """sha256 of the live constants and of the netlab data: any change to a fitted constant
+    or to its ground truth changes it."""
     c = json.dumps(constants or live_constants(), sort_keys=True).encode()
-    pairs = host_pairs()
     return {"constants": hashlib.sha256(c).hexdigest(),
-            "data": _files_sha256(data_files(load_settings()), NETLAB),
-            "host_data": _files_sha256((f for pair in pairs.values() for f in pair), BERT)
-            if pairs else "absent"}
+            "data": _files_sha256(data_files(load_settings()), NETLAB)}
 
 
 # ---- projecting pairs -----------------------------------------------------------------------
@@ -408,102 +394,17 @@ def network(store: Path) -> dict:
     print("\nrefit on the whole fit set: " + ", ".join(f"{k} {v:g}" for k, v in refit.items()))
     record.update({"constants": live, "refit": refit,
                    "fit_sets": {"SHARED_FILL": transport.SHARED_FILL_FIT_SET,
-                                "network_terms": band.NETWORK_FIT_SET,
-                                "host_cpu": band.HOST_FIT_SET},
+                                "network_terms": band.NETWORK_FIT_SET},
                    "grid": list(SHARED_FILL_GRID), "families": families,
                    "held_out": held_out, "held_out_missing": missing,
                    "truth_ms": {n: round(t / 1e6, 4) for n, t in lab.truth.items()}})
     return record
 
 
-def kernel_classes(src: Replayer, dst: Replayer, target: str) -> None:
-    """Per kernel class: the source's time, projected onto the target, and measured there."""
-    from tracetool.replay.model import op_factors
-
-    g, gd = src.graph, dst.graph
-    f, _ = op_factors(g, Scenario(gpu=resolve_gpu(target)))
-    cat, dur = g.ops["category"].astype(str), g.ops["dur"]
-    catd, durd = gd.ops["category"].astype(str), gd.ops["dur"]
-    print(f"    {'class':12}{'kernels':>8}{'source us':>11}{'projected':>11}{'measured':>10}"
-          f"{'error':>8}")
-    for c in sorted(set(cat) | set(catd)):
-        s_, d_ = cat == c, catd == c
-        proj, meas = float((dur[s_] * f[s_]).sum()), float(durd[d_].sum())
-        err = f"{100 * (proj / meas - 1):+.0f}%" if meas else "-"
-        print(f"    {c:12}{int(s_.sum()):>8}{dur[s_].sum() / 1e3:>11.1f}{proj / 1e3:>11.1f}"
-              f"{meas / 1e3:>10.1f}{err:>8}")
-
-
-def cross_gpu(store: Path) -> None:
-    files = {"h100": BERT / "h100/gaunernst_bert-small-uncased__1016001.json.gz",
-             "mi300x": BERT / "mi300/gaunernst_bert-small-uncased__1016001.json.gz"}
-    if not all(f.is_file() for f in files.values()):
-        print("cross-GPU: skipped (../shared/traces not found)")
-        return
-    for key, f in files.items():
-        ingest([f], Options(store=store, job=f"bert_{key}", rank=0))
-    con = tracetool.connect(store)
-    r = {k: Replayer.from_store(con, f"bert_{k}") for k in files}
-    own = {k: r[k].run().steps[0] for k in files}
-    print("cross-GPU, bert-small (one step):")
-    for src, dst in (("h100", "mi300x"), ("mi300x", "h100")):
-        p = r[src].run(Scenario(gpu=resolve_gpu(dst))).steps[0]
-        m = own[dst]
-        inside = p.low_ns <= m.measured_ns <= p.high_ns
-        print(f"  {src} -> {dst}: step {p.projected_ns / 1e6:.3f} ms vs {m.measured_ns / 1e6:.3f}"
-              f" ({100 * (p.projected_ns / m.measured_ns - 1):+.1f}%), band "
-              f"[{p.low_ns / 1e6:.3f}, {p.high_ns / 1e6:.3f}] "
-              f"({'covers' if inside else 'MISSES'} the measured step, width "
-              f"{100 * (p.high_ns - p.low_ns) / m.measured_ns:.1f}%); GPU compute "
-              f"{p.projected['compute'] / 1e6:.3f} ms vs {m.measured['compute'] / 1e6:.3f} "
-              f"({100 * (p.projected['compute'] / m.measured['compute'] - 1):+.0f}%)")
-        kernel_classes(r[src], r[dst], dst)
-
-
-def host(store: Path) -> dict | None:
-    """The band's host_cpu term: per pair of traces of one model on two hosts, each host's
-    CPU time per step; the term fitted on every pair (in sample) and, for each pair, on the
-    others (does the held-out pair's error fall within it?)."""
-    pairs = host_pairs()
-    if not pairs:
-        print("host CPU (band term host_cpu): skipped (../shared/traces not found)")
-        return None
-    ms: dict[str, tuple[float, float]] = {}
-    for model, files in pairs.items():
-        cpu = []
-        for gpu_name, f in zip(("h100", "mi300x"), files, strict=True):
-            job = f"host_{model}_{gpu_name}"
-            ingest([f], Options(store=store, job=job, rank=0))
-            r = Replayer.from_store(tracetool.connect(store), job)
-            steps = r.run(critical_path=False, breakdown=False).steps
-            g = r.graph
-            cpu.append(float(g.base_w[cpu_work(g)].sum()) / len(steps))
-        ms[model] = (cpu[0] / 1e6, cpu[1] / 1e6)
-    fit = band.fit_host_cpu(ms.values())
-    print("host CPU (band term host_cpu): each host's CPU time per step (the graph's CPU "
-          "time between ops), H100 host vs MI300X host; --gpu keeps the source host's")
-    out: dict = {"pairs": {}, "fit": fit}
-    for model, (a, b) in ms.items():
-        e = band.ratio_error(a, b)
-        loo = band.fit_host_cpu(v for k, v in ms.items() if k != model)
-        print(f"  {model:40} {a:9.3f} vs {b:9.3f} ms: ratio error {100 * e:5.1f}%; term fitted "
-              f"on the others x/{1 + loo:g}: {'covers' if e <= loo else 'MISSES'}")
-        out["pairs"][model] = {"h100_ms": round(a, 4), "mi300x_ms": round(b, 4),
-                               "ratio_error": round(e, 6), "fit_without": loo,
-                               "covered": e <= loo}
-    n = sum(v["covered"] for v in out["pairs"].values())
-    print(f"  host_cpu fitted on every pair: x/{1 + fit:g}; out of sample (leave one pair "
-          f"out) the term covers {n} of {len(ms)} pairs' host difference")
-    return out
-
-
 def gpu(store: Path) -> dict | None:
-    """The cross-GPU section: benchmarks/gpu_accuracy.py when it exists (its ``report()``,
-    whose dict is recorded, else its ``main()``), else the bert-small pair, in sample."""
+    """The cross-GPU section: benchmarks/gpu_accuracy.py (its ``report()``, whose dict is
+    recorded, else its ``main()``)."""
     path = REPO / "benchmarks" / "gpu_accuracy.py"
-    if not path.is_file():
-        cross_gpu(store)
-        return None
     spec = importlib.util.spec_from_file_location("gpu_accuracy", path)
     assert spec and spec.loader
     module = importlib.util.module_from_spec(spec)
@@ -519,12 +420,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         record = network(Path(tmp) / "netlab")
         print()
-        host_record = host(Path(tmp) / "host")
-        print()
         gpu_record = gpu(Path(tmp) / "bert")
-    if host_record is not None:
-        record["host"] = host_record
-        record["refit"]["host_cpu"] = host_record["fit"]
     if gpu_record is not None:
         record["gpu"] = gpu_record
     record["stale"] = sorted(k for k, v in record["refit"].items()

@@ -49,8 +49,6 @@ def test_record_is_of_the_live_constants_and_data(record: dict) -> None:
     live = ra.live_constants()
     assert record["constants"] == live, "re-run benchmarks/replay_accuracy.py"
     now = ra.fingerprint(live)
-    if now["host_data"] == "absent":  # no ../shared/traces here: host_cpu's data unchecked
-        now["host_data"] = record["hash"]["host_data"]
     assert record["hash"] == now, "re-run benchmarks/replay_accuracy.py"
     # the record's constants are its own refit (the code was updated to the fit)
     assert record["stale"] == [] and record["refit"] == live
