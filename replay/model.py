@@ -77,10 +77,19 @@ class Scenario:
     # SM clock (MHz) / power cap of the GPU the ops run on: the target, else the source
     gpu_clock_mhz: float | None = None
     power_cap: PowerCap | None = None
+    # pipeline what-ifs (docs/pipeline.md): microbatches per step and the schedule (gpipe,
+    # 1f1b); they re-compose the pipeline's chunks (replay/pipeline.py run_pipeline), not
+    # the graph
+    microbatches: int | None = None
+    pipeline_schedule: str | None = None
 
     @property
     def changes_network(self) -> bool:
         return self.network is not None or self.dp_scale != 1
+
+    @property
+    def changes_pipeline(self) -> bool:
+        return self.microbatches is not None or self.pipeline_schedule is not None
 
     @property
     def changes_clock(self) -> bool:
@@ -161,6 +170,10 @@ def check_scenario(graph: ReplayGraph, scenario: Scenario) -> None:
     clock outside the GPU's documented range, a power cap below its minimum limit or a
     --dp-scale past the ranks the model prices (``check_dp_scale``)."""
     check_speedups(graph, scenario.speedups)
+    if scenario.changes_pipeline:
+        raise WhatIfError("a pipeline what-if (microbatches, schedule) re-composes the "
+                          "pipeline's chunks, not the graph: tracetool.replay.pipeline."
+                          "run_pipeline(con, job, scenario) runs it")
     if scenario.dp_scale != 1:
         check_dp_scale(world_size(graph), scenario.dp_scale, gloo=not len(graph.ops["dur"]))
     if scenario.gpu is not None and not len(graph.ops["dur"]):
