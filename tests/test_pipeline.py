@@ -172,6 +172,17 @@ def test_bubbles_against_the_laid_out_timeline(store: tuple[Path, dict]) -> None
             assert (dur, busy) == (22_010 * US, 13_000 * US)
 
 
+def test_schedule_orders() -> None:
+    from tracetool.replay.pipeline import program
+
+    for sched, orders in ORDERS.items():
+        assert [program(sched, s, 4, 4) for s in range(4)] == orders
+    # 8 microbatches: 1F1B's warm-up is S - s - 1 forwards, whatever M
+    assert [program("1f1b", s, 4, 8) for s in range(4)] == [
+        "FFF" + "FB" * 5 + "BBB", "FF" + "FB" * 6 + "BB", "F" + "FB" * 7 + "B", "FB" * 8]
+    assert program("1f1b", 0, 4, 2) == "FFBB" and program("gpipe", 3, 4, 1) == "FB"
+
+
 def test_microbatch_whatif_recomposes_the_chunks(store: tuple[Path, dict]) -> None:
     from tracetool.analysis.pipeline import find_pipeline
     from tracetool.replay.pipeline import replay_pipeline
