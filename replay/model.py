@@ -82,6 +82,7 @@ class Scenario:
     # the graph
     microbatches: int | None = None
     pipeline_schedule: str | None = None
+    keep_microbatch_size: bool = False  # N microbatches of the traced size, not M / N of it
 
     @property
     def changes_network(self) -> bool:

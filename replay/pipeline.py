@@ -201,20 +201,24 @@ def check_pipeline_whatif(p: Pipeline, microbatches: int | None, schedule: str |
 
 def replay_pipeline(p: Pipeline, microbatches: int | None = None, schedule: str | None = None,
                     source_network: Network | None = None, network: Network | None = None,
-                    label: str = "") -> PipelineResult:
+                    label: str = "", keep_size: bool = False) -> PipelineResult:
     """Project every complete step of ``p`` under another microbatch count and/or schedule
     (module docstring); ``network`` (needs ``source_network``) prices the transfers on
-    another network too."""
+    another network too; ``keep_size``: N microbatches of the traced size (the global batch
+    grows N / M times) instead of the traced batch split into N."""
     n, sched = check_pipeline_whatif(p, microbatches, schedule, network is not None)
     if network is not None and source_network is None:
         raise WhatIfError(f"job {p.job}: give --source-network, the network the trace ran "
                           "on, to price its transfers on another")
     m = p.microbatches
-    k = m / n  # each chunk's share of the traced one
+    k = 1.0 if keep_size else m / n  # each chunk's share of the traced one
     notes = [f"pipeline of {p.n_stages} stages (ranks {', '.join(map(str, p.ranks))}), "
              f"traced {_title(p.schedule)} with {m} microbatches; projected "
              f"{_title(sched)} with {n}"]
-    if n != m:
+    if n != m and keep_size:
+        notes.append(f"microbatches of the traced size: the global batch is {n}/{m} of the "
+                     "traced one")
+    elif n != m:
         notes.append(f"each chunk's time and each transfer's bytes scaled by {m}/{n}: the "
                      "global batch is kept, split into microbatches of M/N times the size "
                      "(time taken as linear in it)")
@@ -252,7 +256,8 @@ def replay_pipeline(p: Pipeline, microbatches: int | None = None, schedule: str 
                                   simulated_traced_ns=round_ns(sim0),
                                   simulated_ns=round_ns(sim1)))
     info = {"ranks": p.ranks, "traced_schedule": p.schedule, "traced_microbatches": m,
-            "schedule": sched, "microbatches": n, "blocking_sends": p.blocking,
+            "schedule": sched, "microbatches": n, "keep_microbatch_size": keep_size,
+            "blocking_sends": p.blocking,
             "transfers": "network model" if priced else "measured"}
     return PipelineResult(job=p.job, scenario=label or f"pipeline {sched} x{n}", steps=steps,
                           pipeline=info, notes=notes)
@@ -291,7 +296,8 @@ def run_pipeline(con: object, job: str, scenario: Scenario,
                           "measured chunks: run them apart")
     p = find_pipeline(con, job, include_incomplete)  # type: ignore[arg-type]
     return replay_pipeline(p, scenario.microbatches, scenario.pipeline_schedule,
-                           scenario.source_network, scenario.network, scenario.label)
+                           scenario.source_network, scenario.network, scenario.label,
+                           scenario.keep_microbatch_size)
 
 
 def render(result: PipelineResult) -> list[str]:

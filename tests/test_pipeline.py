@@ -209,13 +209,17 @@ def test_microbatch_whatif_recomposes_the_chunks(store: tuple[Path, dict]) -> No
             assert s.measured_ns == 22_010 * US
             assert s.projected_ns == want * US, (job, mbs, sched)
             assert s.low_ns <= s.projected_ns <= s.high_ns
+    # 8 microbatches of the traced size (the global batch doubles): (8 + 3) x 3 + 1 = 34 ms
+    r = replay_pipeline(pipes["gpipe"], 8, None, keep_size=True)
+    assert [s.projected_ns for s in r.steps] == [34_010 * US] * 2
     code, out, err = run("replay", st, "--job", "gpipe", "--microbatches", "8", "--json")
     assert code == 0, err
     r = json.loads(out)
     assert [s["projected_step_ns"] for s in r["steps"]] == [17_510 * US] * 2
     assert r["pipeline"] == {"ranks": STAGE_RANKS, "traced_schedule": "gpipe",
                              "traced_microbatches": 4, "schedule": "gpipe", "microbatches": 8,
-                             "blocking_sends": True, "transfers": "measured"}
+                             "keep_microbatch_size": False, "blocking_sends": True,
+                             "transfers": "measured"}
 
 
 def test_transfers_priced_by_the_network(store: tuple[Path, dict]) -> None:
@@ -248,6 +252,8 @@ def test_transfers_priced_by_the_network(store: tuple[Path, dict]) -> None:
      "already: the pipeline what-if changes nothing", 2),
     (["--microbatches", "4"], "tracetool: error: job f1b ran 1F1B with 4 microbatches "
      "already: the pipeline what-if changes nothing", 2),
+    (["--keep-microbatch-size"], "tracetool: error: --keep-microbatch-size goes with "
+     "--microbatches", 2),
     (["--pipeline-schedule", "zb"], "tracetool: error: --pipeline-schedule 'zb': give one of "
      "gpipe, 1f1b", 2),
     (["--microbatches", "2", "--speedup", "gemm=2"], "tracetool: error: --speedup cannot be "

@@ -197,6 +197,9 @@ def base_scenario(replayer: Replayer, source_gpu: str | None, source_net: str | 
                    "CPU job's gloo collectives).")
 @click.option("--microbatches", type=Int(1, MAX_MICROBATCHES), help="Pipeline what-if: "
               "this many microbatches per step, the global batch kept (docs/pipeline.md).")
+@click.option("--keep-microbatch-size", is_flag=True, help="With --microbatches: N "
+              "microbatches of the traced size (the global batch grows), not the traced "
+              "batch split into N.")
 @click.option("--pipeline-schedule", help="Pipeline what-if: run the pipeline's chunks "
               f"under this schedule: {', '.join(SCHEDULES)} (docs/pipeline.md).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
@@ -211,8 +214,8 @@ def replay_command(store: Path, job: str | None, source_gpu: str | None,
                    window: str | None, steps_range: str | None, ranks_spec: str | None,
                    step: int | None, gpu: str | None,
                    network: str | None, dp_scale: int, microbatches: int | None,
-                   pipeline_schedule: str | None, as_json: bool, chrome: Path | None,
-                   plot: Path | None) -> None:
+                   keep_microbatch_size: bool, pipeline_schedule: str | None, as_json: bool,
+                   chrome: Path | None, plot: Path | None) -> None:
     """Replay a job's dependency graph with new kernel and collective durations and print
     measured vs projected step time per step, the projected breakdown, the projected
     critical path and an uncertainty band. With no what-if it replays the trace as measured
@@ -237,6 +240,8 @@ def replay_command(store: Path, job: str | None, source_gpu: str | None,
                       power_cap, (source_network, network))
         steps, ranks = parse_bounds(steps_range, ranks_spec, step)
         windows = windows_of(annotation, instance, window)
+        if keep_microbatch_size and microbatches is None:
+            raise InputError("--keep-microbatch-size goes with --microbatches")
         if pipeline_schedule is not None and pipeline_schedule not in SCHEDULES:
             raise WhatIfError(f"--pipeline-schedule {pipeline_schedule!r}: give one of "
                               f"{', '.join(SCHEDULES)}")
@@ -257,6 +262,7 @@ def replay_command(store: Path, job: str | None, source_gpu: str | None,
                 gpu_clock_mhz=parse_gpu_clock(gpu_clock) if gpu_clock else None,
                 power_cap=parse_power_cap(power_cap) if power_cap else None,
                 dp_scale=dp_scale, microbatches=microbatches,
+                keep_microbatch_size=keep_microbatch_size,
                 pipeline_schedule=pipeline_schedule, label=", ".join(
                     ([f"microbatches={microbatches}"] if microbatches else [])
                     + ([f"pipeline_schedule={pipeline_schedule}"] if pipeline_schedule
