@@ -241,6 +241,9 @@ def _file_rows(steps: list[dict], calls: list[tuple[dict, dict]], kernels: list[
             row = _row_from_args(o, {"Collective name": coll}, None, span, pg_ranks,
                                  "gloo" if span else "cpu")
             _size_from_dims(row, sa, a)
+            if key in ("send", "recv"):  # c10d::send / recv_(tensors, group, peer, tag)
+                ci = a.get("Concrete Inputs")
+                row["peer_rank"] = _int(ci[2]) if isinstance(ci, list) and len(ci) > 2 else None
             rows.append(row)
     # comm kernels no call claimed (no CPU-side record of them: 2021 NCCL traces, DeepEP,
     # symmetric memory, custom all-reduce): one row each, in a group of their own

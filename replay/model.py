@@ -94,10 +94,20 @@ class Scenario:
     # (voltage at its floor) whose projection the band spans too
     dvfs_exponent: float = DVFS_EXPONENT
     cpu_speedup: float = 1.0  # the host's CPU work divided by this (cpu_work)
+    # pipeline what-ifs (docs/pipeline.md): microbatches per step and the schedule (gpipe,
+    # 1f1b); they re-compose the pipeline's chunks (replay/pipeline.py run_pipeline), not
+    # the graph
+    microbatches: int | None = None
+    pipeline_schedule: str | None = None
+    keep_microbatch_size: bool = False  # N microbatches of the traced size, not M / N of it
 
     @property
     def changes_network(self) -> bool:
         return self.network is not None or self.dp_scale != 1
+
+    @property
+    def changes_pipeline(self) -> bool:
+        return self.microbatches is not None or self.pipeline_schedule is not None
 
     @property
     def changes_clock(self) -> bool:
@@ -258,6 +268,10 @@ def check_scenario(graph: ReplayGraph, scenario: Scenario) -> None:
     --dp-scale past the ranks the model prices (``check_dp_scale``)."""
     check_speedups(graph, scenario.speedups)
     check_cpu_speedup(graph, scenario)
+    if scenario.changes_pipeline:
+        raise WhatIfError("a pipeline what-if (microbatches, schedule) re-composes the "
+                          "pipeline's chunks, not the graph: tracetool.replay.pipeline."
+                          "run_pipeline(con, job, scenario) runs it")
     if scenario.dp_scale != 1:
         check_dp_scale(world_size(graph), scenario.dp_scale, gloo=not len(graph.ops["dur"]))
     if scenario.gpu is not None and not len(graph.ops["dur"]):

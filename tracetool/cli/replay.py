@@ -49,6 +49,7 @@ from tracetool.replay.network import (
     parse_network,
     parse_spec,
 )
+from tracetool.replay.pipeline import MAX_MICROBATCHES, SCHEDULES, render, run_pipeline
 from tracetool.replay.placement import Placement, read_placement
 from tracetool.schema import MAX_STEP
 
@@ -249,6 +250,13 @@ def placed_scenario(replayer: Replayer, sc: Scenario, placed: Placement) -> Scen
               help="Data-parallel groups K times larger (comm re-costed, compute unchanged); "
                    f"the projected job has at most {MAX_WORLD} ranks ({MAX_GLOO_WORLD} for a "
                    "CPU job's gloo collectives).")
+@click.option("--microbatches", type=Int(1, MAX_MICROBATCHES), help="Pipeline what-if: "
+              "this many microbatches per step, the global batch kept (docs/pipeline.md).")
+@click.option("--keep-microbatch-size", is_flag=True, help="With --microbatches: N "
+              "microbatches of the traced size (the global batch grows), not the traced "
+              "batch split into N.")
+@click.option("--pipeline-schedule", help="Pipeline what-if: run the pipeline's chunks "
+              f"under this schedule: {', '.join(SCHEDULES)} (docs/pipeline.md).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @click.option("--chrome-trace", "chrome", type=click.Path(path_type=Path, dir_okay=False),
               help="Write the projected timeline as a Chrome trace (open in Perfetto).")
@@ -260,7 +268,9 @@ def replay_command(store: Path, job: str | None, source_gpu: str | None,
                    include_incomplete: bool, annotation: str | None, instance: int | None,
                    window: str | None, steps_range: str | None, ranks_spec: str | None,
                    step: int | None, gpu: str | None,
-                   network: str | None, placement: str | None, dp_scale: int, as_json: bool,
+                   network: str | None, placement: str | None, dp_scale: int,
+                   microbatches: int | None, keep_microbatch_size: bool,
+                   pipeline_schedule: str | None, as_json: bool,
                    chrome: Path | None, plot: Path | None) -> None:
     """Replay a job's dependency graph with new kernel and collective durations and print
     measured vs projected step time per step, the projected breakdown, the projected
@@ -291,11 +301,42 @@ def replay_command(store: Path, job: str | None, source_gpu: str | None,
         placed = placement_of(placement, list(parse_spec(_spec(network))) if network else [])
         steps, ranks = parse_bounds(steps_range, ranks_spec, step)
         windows = windows_of(annotation, instance, window)
+        if keep_microbatch_size and microbatches is None:
+            raise InputError("--keep-microbatch-size goes with --microbatches")
+        if pipeline_schedule is not None and pipeline_schedule not in SCHEDULES:
+            raise WhatIfError(f"--pipeline-schedule {pipeline_schedule!r}: give one of "
+                              f"{', '.join(SCHEDULES)}")
         start_compiler()
         con, job = open_job(store, job)
         if dp_scale != 1:
             check_dp_scale(len(job_ranks(con, job)), dp_scale)
         use_windows(con, job, windows)
+        if microbatches is not None or pipeline_schedule is not None:
+            if chrome or plot or steps or ranks or annotation or window or placement \
+                    or cpu_speedup:
+                raise InputError("a pipeline what-if (--microbatches, --pipeline-schedule) "
+                                 "takes no --chrome-trace, --plot, --steps, --step, --ranks, "
+                                 "--annotation, --window, --placement or --cpu-speedup")
+            sc = Scenario(
+                gpu=gpu_option("--gpu", gpu) if gpu is not None else None,
+                source_network=parse_network(_spec(source_network)) if source_network
+                else None, speedups=tuple(parse_speedup(x) for x in speedups),
+                gpu_clock_mhz=parse_gpu_clock(gpu_clock) if gpu_clock else None,
+                power_cap=parse_power_cap(power_cap) if power_cap else None,
+                dp_scale=dp_scale, microbatches=microbatches,
+                keep_microbatch_size=keep_microbatch_size,
+                pipeline_schedule=pipeline_schedule, label=", ".join(
+                    ([f"microbatches={microbatches}"] if microbatches else [])
+                    + ([f"pipeline_schedule={pipeline_schedule}"] if pipeline_schedule
+                       else []) + ([f"network={network}"] if network else [])))
+            if network is not None:
+                sc = replace(sc, network=parse_network(_spec(network),
+                                                       base=sc.source_network or Network()))
+            presult = run_pipeline(con, job, sc, include_incomplete)
+            con.close()
+            click.echo(json.dumps(presult.to_dict()) if as_json
+                       else "\n".join(render(presult)))
+            return
         if not include_incomplete and (left_out := no_complete_steps(con, job)):
             warn_collectives(con, job)  # why, when it is the clocks
             raise click.ClickException(f"{store}: {left_out}")
