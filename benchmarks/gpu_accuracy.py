@@ -144,8 +144,7 @@ def size_terms(results: list[dict]) -> dict[str, float]:
             for t in ("kernel_small", "kernel_large")}
     for t, o in (("kernel_small", "kernel_large"), ("kernel_large", "kernel_small")):
         kern[t] = kern[t] or kern[o]
-    return kern | {"host_cpu": band.fit_host_cpu((r["step_ms"], r["step_measured_ms"])
-                                                 for r in results)}
+    return kern | {"host_cpu": band.fit_host_cpu((1 + r["step_err"], 1.0) for r in results)}
 
 
 def band_with(rep: Replayer, scenario: Scenario, terms: dict[str, float]) -> tuple[float, float]:
