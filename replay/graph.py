@@ -51,6 +51,7 @@ import numpy as np
 import pyarrow as pa
 
 from tracetool.analysis.collectives import missing_ranks_note
+from tracetool.analysis.critical_path import GAP_FLOOR_NS
 from tracetool.errors import InputError
 from tracetool.graph import CLASSES, KIND_NAMES
 from tracetool.schema import MAX_RANK, MAX_STEP
@@ -305,6 +306,9 @@ class ReplayGraph:
     partial: int = 0  # collective instances whose last arrival is not replayed
     frontier: int = 0  # events outside the bounds kept as fixed points
     world_size: int | None = None  # the job's size as its traces name it (view job_world)
+    # per slot: True for a GPU op whose wait before its start is an unexplained gap (view
+    # gpu_wait_gaps, read as the critical path reads it); None when none is
+    waited: np.ndarray | None = None
     # what the models derive from the graph alone, computed once (model.overlap_share, ...)
     memo: dict = field(default_factory=dict, repr=False, compare=False)
 
@@ -671,7 +675,34 @@ def _build(con: duckdb.DuckDBPyConnection, owner: duckdb.DuckDBPyConnection, job
         devices=devices, grad_numel=Lazy({}, lambda: _grad_numel(owner.cursor(), job)),
         bounds=Bounds(sel.steps, sel.ranks), replayed_ranks=replayed,
         step_reported=reported, partial=int(partial.sum()), frontier=frontier,
-        world_size=world)
+        world_size=world, waited=_waited(con, job, slot_of, n_slots, op_slot, dst, lag))
+
+
+def _waited(con: duckdb.DuckDBPyConnection, job: str, slot_of: SlotIndex, n_slots: int,
+            op_slot: np.ndarray, dst: np.ndarray, lag: np.ndarray) -> np.ndarray | None:
+    """Per slot: is it a GPU op of view gpu_wait_gaps, the one definition of an unexplained
+    gap (analysis/sql/62_unexplained_gaps.sql), so the projected path marks the same waits
+    the measured one does (``analysis.critical_path._waited``). None when none is; the view
+    is read only when some GPU op's start waited longer than GAP_FLOOR_NS on every edge
+    into it (rarely, on most traces)."""
+    start = np.zeros(2 * n_slots, dtype=bool)
+    start[2 * op_slot] = True
+    cand = np.unique(dst[start[dst] & (lag > GAP_FLOOR_NS)])
+    if not len(cand):
+        return None
+    into = np.isin(dst, cand)
+    least = np.full(2 * n_slots, np.inf)
+    np.minimum.at(least, dst[into], lag[into])
+    if not (least[cand] > GAP_FLOOR_NS).any():
+        return None
+    w = con.execute("SELECT rank, eid FROM gpu_wait_gaps WHERE job = ?", [job]).fetchnumpy()
+    s = slot_of(w["rank"], w["eid"])
+    s = s[s >= 0]
+    if not len(s):
+        return None
+    out = np.zeros(n_slots, dtype=bool)
+    out[s] = True
+    return out
 
 
 def _read_graph(con: duckdb.DuckDBPyConnection, sel: _Selection

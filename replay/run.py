@@ -28,6 +28,7 @@ from tracetool.analysis.critical_path import (
     SEGMENT_KINDS,
     PathGraph,
     PathWalker,
+    unexplained_gap_warning,
 )
 from tracetool.graph import KIND_NAMES
 from tracetool.numbers import round_ns
@@ -36,6 +37,7 @@ from .band import bounds, describe, edge_errors, step_variation, widen
 from .graph import NO_STEP, Bounds, ReplayGraph, build_graph
 from .model import Scenario, weights
 
+_UNEXPLAINED = SEGMENT_KINDS.index("unexplained_gap")
 # step_breakdown's partition of a rank's step (its columns without _ns): these add up to it
 BREAKDOWN = ("compute", "exposed_comm", "exposed_memcpy", "idle")
 
@@ -185,7 +187,8 @@ class Replayer:
         return ReplayResult(job=g.job, scenario=scenario.label, steps=steps, times=t,
                             origin_ns=g.origin_ns,
                             notes=g.notes + wts.notes + describe(used)
-                            + unchanged_note(steps, not np.array_equal(t, g.t0)),
+                            + unchanged_note(steps, not np.array_equal(t, g.t0))
+                            + self._gap_note(segments, steps),
                             path_arrays=segments,
                             bounds=self.selection())
 
@@ -199,6 +202,25 @@ class Replayer:
                 "replayed_ranks": g.replayed_ranks.tolist(), "job_ranks": g.ranks.tolist(),
                 "world_size": g.world_size,
                 "partial_collectives": g.partial, "fixed_points": g.frontier}
+
+    def _gap_note(self, segments: dict[str, np.ndarray], steps: list[StepResult]
+                  ) -> list[str]:
+        """critical-path's one warning about unexplained gaps (``unexplained_gap_warning``),
+        over the projected path of the reported steps: a GPU op of view gpu_wait_gaps whose
+        wait still sets its projected start. Empty when the path has none."""
+        kind = segments.get("kind")
+        if kind is None or not (kind == _UNEXPLAINED).any():
+            return []
+        keep = np.isin(segments["step"], [NO_STEP if s.step is None else s.step
+                                           for s in steps])
+        rank = segments["rank"][keep]
+        path = pa.table({
+            "kind": pa.array(SEGMENT_KINDS).take(pa.array(kind[keep], type=pa.int64())),
+            "rank": pa.array(rank, mask=rank < 0, type=pa.int64()),
+            "start_ns": segments["start_ns"][keep],
+            "dur_ns": segments["end_ns"][keep] - segments["start_ns"][keep]})
+        gap = unexplained_gap_warning(self._db.from_arrow(path))
+        return [gap] if gap else []
 
     def _added_waits(self, t: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, ...]:
         """(rank, start, end) of the waits for a CPU-side transfer that the projection added:
@@ -294,7 +316,7 @@ class Replayer:
         pg = PathGraph(t=ti, pred=pred,
                        pred_kind=np.where(has, g.kind[np.maximum(edge, 0)], -1).astype(np.int8),
                        ends=ends, rank=g.rank, eid=g.eid, track=g.track, cls=g.cls,
-                       parent=g.parent)
+                       parent=g.parent, waited=g.waited)
         walker = PathWalker(pg)
         out, parts = [], []
         for i, (step, a, b) in enumerate(zip(g.steps.tolist(), start, end, strict=True)):
