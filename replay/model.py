@@ -732,6 +732,38 @@ def _scaled_both(measured: np.ndarray, factor: np.ndarray, model_ns: np.ndarray
     return measured * factor, measured - m + m * factor
 
 
+FLOOR_NOTE_SHARE = 0.25  # the share of the projected kernel time set by floors that is said
+
+
+def _floor_note(graph: ReplayGraph, factor: np.ndarray, src: Gpu | None, dst: Gpu
+                ) -> list[str]:
+    """On another GPU, when the target's kernel floor (``project_kernel_ns``) is at least
+    FLOOR_NOTE_SHARE of the projected kernel time: how much, so a large change that comes
+    from short kernels taking the floor (a 20 ns kernel projected to 2.1 us) is not read as
+    the GPU being slower."""
+    ops = graph.ops
+    cat = ops["category"].astype(str)
+    k = (ops["kind"].astype(str) == "kernel") & (cat != "comm") & (ops["dur"] > 0)
+    if src is None or src.key == dst.key or not k.any() or dst.kernel_floor_ns <= 0:
+        return []
+    projected = float((ops["dur"][k] * factor[k]).sum())
+    floors = dst.kernel_floor_ns * int(k.sum())
+    if projected <= 0 or floors < FLOOR_NOTE_SHARE * projected:
+        return []
+    under = int((ops["dur"][k] <= src.kernel_floor_ns).sum())
+    return [f"the {dst.key} kernel floor ({dst.kernel_floor_ns / 1e3:.1f} us per kernel, "
+            f"replay/gpus/{dst.key}.toml) sets {100 * min(floors / projected, 1):.0f}% of the "
+            f"projected kernel time ({_time(floors)} of {_time(projected)}, "
+            f"{int(k.sum())} kernel{'s' if k.sum() != 1 else ''}; {under} ran at or under "
+            f"the {src.key} floor of "
+            f"{src.kernel_floor_ns / 1e3:.1f} us): short kernels take the floor, not their "
+            "measured time scaled, so that share of the projection rests on the floor's value"]
+
+
+def _time(ns: float) -> str:
+    return f"{ns / 1e6:,.3f} ms" if ns >= 1e6 else f"{ns / 1e3:,.3f} us"
+
+
 def weights(graph: ReplayGraph, scenario: Scenario) -> Weights:
     """Edge weights of ``graph`` under ``scenario`` (the identity weights when it changes
     nothing)."""
@@ -746,6 +778,8 @@ def weights(graph: ReplayGraph, scenario: Scenario) -> Weights:
         w[sel], out.w_alt[sel] = _scaled_both(graph.ops["dur"][op], f[op], model_ns[op])
         if dst is not None and scenario.gpu is None:  # the trace's GPU at another clock
             clock_notes += _latency_note(graph, f, model_ns)
+        elif dst is not None:
+            clock_notes += _floor_note(graph, f, source_gpu(graph, scenario), dst)
     k, model_ns, notes, costs = collective_factors(graph, scenario)
     shared = overlap_share(graph) if (k != 1).any() else None
     out.notes = clock_notes + notes
