@@ -191,8 +191,10 @@ def check_scenario(graph: ReplayGraph, scenario: Scenario) -> None:
                       "for this one")
     if scenario.changes_network:
         src, dst = source_network(graph, scenario), target_network(graph, scenario)
-        if src is not None and dst is not None:  # else collective_factors says what to give
-            priced = _priced(graph)
+        priced = _priced(graph)
+        # a job with nothing priced is refused as such, whatever the networks: asking for a
+        # --source-network (collective_factors, when it is unknown) would change nothing
+        if not priced.any() or (src is not None and dst is not None):
             _refuse_network_noop(graph, scenario, priced, unpriced_comm_note(graph, priced),
                                  src, dst)
 
@@ -449,10 +451,16 @@ def unknown_size_networks(graph: ReplayGraph, scenario: Scenario, src: Network,
     if scenario.source_network is not None:
         return src, dst, ([f"{what}: the sizes and projection rest on the given source "
                            "network instead"] if not 0.5 <= lam <= 2 else [])
-    dst = dst if scenario.network is not None else _bandwidth_scaled(dst, lam)
-    return _bandwidth_scaled(src, lam), dst, [
+    scaled = _bandwidth_scaled(src, lam)
+    if scenario.network is None:
+        dst = _bandwidth_scaled(dst, lam)
+    else:  # a --network's keys left at the source's (or set to them) follow its scaling
+        dst = replace(dst, **{f.name: getattr(scaled, f.name) for f in fields(Network)
+                              if getattr(dst, f.name) == getattr(src, f.name)})
+    return scaled, dst, [
         f"{what}: the default source network was scaled by that"
-        + ("" if scenario.network is not None else ", and so was the target's")]
+        + (", and so were the --network bandwidths left at the source's"
+           if scenario.network is not None else ", and so was the target's")]
 
 
 def collective_factors(graph: ReplayGraph, scenario: Scenario
@@ -589,21 +597,26 @@ class NetworkNoOp(WhatIfError):
 
 
 def _refuse_network_noop(graph: ReplayGraph, scenario: Scenario, priced: np.ndarray,
-                         unpriced: str | None, src: Network, dst: Network) -> None:
+                         unpriced: str | None, src: Network | None, dst: Network | None
+                         ) -> None:
     """``WhatIfError`` for a --network / --dp-scale that changes no priced edge: nothing is
     priced, or every setting it changes is of a link no priced collective crosses (a 2-rank
     job on one 8-GPU node crosses no inter-node link, so inter_node_bw changes nothing).
-    A setting equal to the source's is no change, and is not refused (a sweep may hold
-    the traced value)."""
+    A setting equal to the source's is no change: a network whose every setting is the
+    source's is refused (but beside a --gpu: the old network on the new GPU); one such
+    setting among others is not (a sweep may hold the traced value)."""
     job = graph.job
     if not priced.any():
         why = f"; {unpriced}" if unpriced else ""
         raise NetworkNoOp(f"the network changes nothing: job {job} has no collective across "
                           f"ranks that the network model prices{why}")
-    if scenario.network is None or scenario.dp_scale != 1:
+    if scenario.network is None or scenario.dp_scale != 1 or src is None or dst is None:
         return
     changed = [f.name for f in fields(Network) if getattr(src, f.name) != getattr(dst, f.name)]
     if not changed:
+        if scenario.gpu is None:  # with --gpu it keeps the source network on the new GPU
+            raise NetworkNoOp(f"the network changes nothing for job {job}: every setting of "
+                              "it is the source network's")
         return
     groups = {tuple(sorted(g)) for g, ok in zip(graph.insts["group_ranks"], priced,
                                                  strict=True) if ok}

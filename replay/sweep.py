@@ -73,12 +73,12 @@ def sweep(replayer: Replayer, base: Scenario, network_axes: list[str],
     g = replayer.graph
     axes = parse_axes(network_axes)
     src_net = source_network(g, base)
+    base_net = base.network or src_net or Network()
+    for key, vals in axes:  # an axis that changes nothing first: then no network is asked
+        _check_axis(g, base, base_net, key, vals)
     if axes and src_net is None:
         raise ValueError("the trace names no GPU of the catalog, so its network is unknown: "
                          "give --source-network")
-    base_net = base.network or src_net or Network()
-    for key, vals in axes:
-        _check_axis(g, base, base_net, key, vals)
     rows = []
     grid = itertools.product(*[[(k, v) for v in vals] for k, vals in axes],
                              gpus or [None], dp_scales or [base.dp_scale])
@@ -101,7 +101,7 @@ def sweep(replayer: Replayer, base: Scenario, network_axes: list[str],
                 check_scenario(g, sc)
                 break
             except NetworkNoOp:  # its settings price no edge: the source network's numbers
-                sc = replace(sc, network=base_net)
+                sc = replace(sc, network=base.network)
             except GpuNoOp:  # the trace's own GPU: its measured kernel times
                 sc = replace(sc, gpu=None)
         res = replayer.run(sc, critical_path=False, include_incomplete=include_incomplete)
