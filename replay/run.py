@@ -155,11 +155,13 @@ class Replayer:
                           else (None, {}))
         if breakdown:
             if self._measured_breakdown is None:
-                self._measured_breakdown = self._breakdowns(g.t0, m)
+                self._measured_breakdown = self._breakdowns(
+                    g.t0, m, gaps=self._gap_intervals(g.t0, g.base_w))
             measured_bd = self._measured_breakdown
             # the identity schedule is the measured timeline, exactly (integer ns in float64)
             projected_bd = (measured_bd if np.array_equal(t, g.t0)
-                            else self._breakdowns(t, p, self._added_waits(t, wts.w)))
+                            else self._breakdowns(t, p, self._added_waits(t, wts.w),
+                                                  self._gap_intervals(t, wts.w)))
         alts = [p.job_end - p.job_start]  # the step times the band spans
         for x in band.result() if band is not None else []:
             s = step_windows(g, x)
@@ -243,12 +245,35 @@ class Replayer:
         nodes, extra = nodes[keep], extra[keep]
         return (g.rank[nodes >> 1].astype(np.int64), t[nodes] - extra, t[nodes])
 
+    def _gap_intervals(self, t: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, ...] | None:
+        """(rank, start, end) of the unexplained gaps on timeline ``t`` (weights ``w``):
+        each GPU op of view gpu_wait_gaps (ReplayGraph.waited) waited before its start for
+        its measured wait, or less when its binding dependency now comes later (the hop the
+        path marks). On the measured timeline, the view's waits exactly. None when none."""
+        g = self.graph
+        if g.waited is None or g.wait_ns is None:
+            return None
+        nodes = 2 * np.flatnonzero(g.waited)
+        pos = np.flatnonzero(np.isin(g.order, nodes))
+        node = g.order[pos]
+        start = np.empty(len(node))
+        for i, (at, n) in enumerate(zip(pos.tolist(), node.tolist(), strict=True)):
+            lo, hi = int(g.ptr[at]), int(g.ptr[at + 1])
+            src = t[g.src[lo:hi]]
+            arrive = src + w[lo:hi]
+            hop = src[arrive == arrive.max()].max() if hi > lo else t[n]
+            start[i] = max(t[n] - g.wait_ns[n >> 1], hop)
+        return g.rank[node >> 1].astype(np.int64), start, t[node]
+
     def _breakdowns(self, t: np.ndarray, w: StepWindows,
-                    waits: tuple[np.ndarray, ...] | None = None) -> dict[int, dict[str, int]]:
+                    waits: tuple[np.ndarray, ...] | None = None,
+                    gaps: tuple[np.ndarray, ...] | None = None) -> dict[int, dict[str, int]]:
         """Per job step index: the mean over its ranks of step_breakdown's partition of each
-        rank's step (compute, exposed comm, exposed memcpy, idle; plus comm_ns and the step's
-        dur_ns), from the breakdown_events on timeline ``t``; ``waits`` (``_added_waits``)
-        are cut out of the compute intervals and counted as comm."""
+        rank's step (compute, exposed comm, exposed memcpy, idle; plus comm_ns, the step's
+        dur_ns and unexplained_gap_ns, the part of idle in ``gaps`` (``_gap_intervals``) with
+        no GPU op running, as step_breakdown's), from the breakdown_events on timeline ``t``;
+        ``waits`` (``_added_waits``) are cut out of the compute intervals and counted as
+        comm."""
         g, rs = self.graph, self.graph.rank_steps
         if len(w.rank_start):
             win_rank, win_step = rs["rank"], rs["step_idx"]
@@ -264,7 +289,25 @@ class Replayer:
                                       t[2 * self._iv_slot + 1], self._iv_what, waits))
         db.register("_win", pa.table({"rank": win_rank[ok], "step": win_step[ok],
                                       "a": a[ok], "b": b[ok]}))
+        gap_rows: list[tuple] = []
         try:
+            if gaps is not None and len(gaps[0]):
+                # the gaps as 'compute' over every busy interval as 'comm': their union less
+                # the busy time is the gaps' idle part (unexplained_gap_intervals' rule)
+                db.register("_gap", pa.table({"rank": gaps[0], "s": gaps[1], "e": gaps[2]}))
+                db.execute("""
+                    CREATE OR REPLACE TEMP VIEW _gclip AS
+                    SELECT '' AS job, w.rank, w.step, greatest(i.s, w.a) AS s_ns,
+                           least(i.e, w.b) AS e_ns, i.what
+                    FROM (SELECT rank, s, e, 'comm' AS what FROM _iv WHERE what <> 'cpu'
+                          UNION ALL SELECT rank, s, e, 'compute' FROM _gap) i
+                    JOIN _win w ON i.rank = w.rank AND i.s < w.b AND i.e > w.a""")
+                gap_rows = db.execute("""
+                    SELECT w.step, avg(coalesce(u.compute_or_comm, 0) - coalesce(u.comm, 0))
+                    FROM _win w LEFT JOIN interval_unions('_gclip') u
+                      ON u.rank = w.rank AND u.step = w.step
+                    GROUP BY w.step""").fetchall()
+                db.unregister("_gap")
             db.execute("""
                 CREATE OR REPLACE TEMP VIEW _clip AS
                 SELECT '' AS job, w.rank, w.step, greatest(i.s, w.a) AS s_ns,
@@ -280,12 +323,14 @@ class Replayer:
         finally:
             db.unregister("_iv")
             db.unregister("_win")
+        gap = {int(step): ns for step, ns in gap_rows}
         out = {}
         for step, compute, comm, either, busy, dur in rows:
             out[int(step)] = {
                 "compute": round_ns(compute), "exposed_comm": round_ns(either - compute),
                 "exposed_memcpy": round_ns(busy - either), "idle": round_ns(dur - busy),
-                "comm_ns": round_ns(comm), "dur_ns": round_ns(dur)}
+                "comm_ns": round_ns(comm), "dur_ns": round_ns(dur),
+                "unexplained_gap_ns": round_ns(gap.get(int(step), 0))}
         return out
 
     def _path(self, t: np.ndarray, w: np.ndarray, start: np.ndarray, end: np.ndarray

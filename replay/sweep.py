@@ -112,7 +112,8 @@ def sweep(replayer: Replayer, base: Scenario, network_axes: list[str],
             "measured_step_ns": mean["measured_ns"], "projected_step_ns": mean["projected_ns"],
             "low_ns": mean["low_ns"], "high_ns": mean["high_ns"],
             "projected_breakdown_ns": {k: int(np.mean([s.projected[k] for s in res.steps]))
-                                       for k in (*BREAKDOWN, "comm_ns")}})
+                                       for k in (*BREAKDOWN, "comm_ns",
+                                                 "unexplained_gap_ns")}})
     return rows
 
 

@@ -9,6 +9,10 @@ from pathlib import Path
 
 import pytest
 
+import tracetool
+from tracetool.replay.plots import plot_replay
+from tracetool.replay.run import Replayer
+
 from ._util import SHARED_TRACES, kineto_text, run, write
 from .test_graph_inferred import SGLANG, VLLM, _queued_gap_trace
 
@@ -87,9 +91,11 @@ def test_no_gap_no_note(tmp_path: Path) -> None:
 
 
 @corpus
-@pytest.mark.parametrize(("trace", "gap_ns"), [(VLLM, 7_836_601), (SGLANG, 463_257_096)])
+@pytest.mark.parametrize(("trace", "gap_ns", "idle_gap_ns"), [
+    (VLLM, 7_836_601, 7_826_151), (SGLANG, 463_257_096, 463_251_758)])
 def test_vllm_and_sglang_projected_gap_is_critical_paths(tmp_path: Path, trace: Path,
-                                                          gap_ns: int) -> None:
+                                                          gap_ns: int, idle_gap_ns: int
+                                                          ) -> None:
     assert run("ingest", "--store", tmp_path / "s", "--job", "j", trace)[0] == 0
     by_kind, warning = _critical_path(tmp_path / "s")
     code, out, err = run("replay", tmp_path / "s", "--json")
@@ -101,3 +107,33 @@ def test_vllm_and_sglang_projected_gap_is_critical_paths(tmp_path: Path, trace: 
     assert "launch_overhead" not in step["critical_path_ns"] or (
         step["critical_path_ns"]["launch_overhead"] < 100_000)
     assert [n for n in report["notes"] if "unexplained_gap" in n] == [warning]
+    # the breakdown's: the view's wait from the launch call's end, its GPU-idle part
+    (view,), = tracetool.connect(tmp_path / "s").execute(
+        "SELECT sum(idle_ns) FROM gpu_wait_gaps").fetchall()
+    assert step["measured_breakdown_ns"]["unexplained_gap_ns"] == view == idle_gap_ns
+
+
+def test_the_breakdown_splits_the_gap_out_of_idle_as_step_breakdown(gap_store: Path,
+                                                                    tmp_path: Path) -> None:
+    """measured and projected breakdowns: unexplained_gap_ns, part of idle, equal to
+    step_breakdown's (identity), kept under a speedup; the text says it, the plot stacks it."""
+    con = tracetool.connect(gap_store)
+    view = dict(con.execute("SELECT step, unexplained_gap_ns FROM step_breakdown").fetchall())
+    assert view == {1: 120_000_000, 2: 2_000_000}
+    code, out, _ = run("replay", gap_store, "--json", "--speedup", "name~kernel=2")
+    assert code == 0
+    for s in json.loads(out)["steps"]:
+        assert s["measured_breakdown_ns"]["unexplained_gap_ns"] == view[s["step"]]
+        assert s["projected_breakdown_ns"]["unexplained_gap_ns"] == view[s["step"]]
+        assert s["projected_breakdown_ns"]["idle"] > view[s["step"]]
+    code, out, _ = run("replay", gap_store)
+    assert [ln.split(", of which ")[1] for ln in out.splitlines() if "breakdown" in ln] == [
+        "unexplained gap 61.000 ms"] * 2  # the mean step: (120 + 2) / 2
+    result = Replayer.from_store(con, "j").run()
+    fig = plot_replay(result, tmp_path / "p.png")
+    (ax,) = fig.axes
+    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert labels[-1] == "unexplained gap (GPU idle, work queued)"
+    pink = [p for p in ax.patches if p.get_facecolor()[:3] == (0xe3 / 255, 0x77 / 255,
+                                                                0xc2 / 255)]
+    assert sorted(round(p.get_height(), 6) for p in pink) == [2.0, 2.0, 120.0, 120.0]

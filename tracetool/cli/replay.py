@@ -307,9 +307,11 @@ def replay_command(store: Path, job: str | None, source_gpu: str | None,
     for title, key in (("measured", "measured"), ("projected", "projected")):
         parts = {k: sum(getattr(s, key)[k] for s in result.steps) / n for k in BREAKDOWN}
         total = sum(parts.values()) or 1
+        gap = sum(getattr(s, key).get("unexplained_gap_ns", 0) for s in result.steps) / n
         click.echo(f"{title} breakdown (mean step, mean over ranks): " + ", ".join(
             f"{k.replace('_', ' ')} {v / 1e6:.3f} ms ({100 * v / total:.0f}%)"
-            for k, v in parts.items()))
+            for k, v in parts.items()) + (f", of which unexplained gap {gap / 1e6:.3f} ms"
+                                          if gap else ""))
     path: dict[str, int] = {}
     for s in result.steps:
         for k, v in s.critical_path.items():
