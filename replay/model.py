@@ -602,9 +602,9 @@ def _refuse_network_noop(graph: ReplayGraph, scenario: Scenario, priced: np.ndar
     """``WhatIfError`` for a --network / --dp-scale that changes no priced edge: nothing is
     priced, or every setting it changes is of a link no priced collective crosses (a 2-rank
     job on one 8-GPU node crosses no inter-node link, so inter_node_bw changes nothing).
-    A setting equal to the source's is no change: a network whose every setting is the
-    source's is refused (but beside a --gpu: the old network on the new GPU); one such
-    setting among others is not (a sweep may hold the traced value)."""
+    A setting equal to the source's is no change, and is not refused here (a sweep may
+    hold the traced value, a Python caller replay the source network as an identity check);
+    the command line refuses a network that is all the source's (``check_network_changes``)."""
     job = graph.job
     if not priced.any():
         why = f"; {unpriced}" if unpriced else ""
@@ -614,9 +614,6 @@ def _refuse_network_noop(graph: ReplayGraph, scenario: Scenario, priced: np.ndar
         return
     changed = [f.name for f in fields(Network) if getattr(src, f.name) != getattr(dst, f.name)]
     if not changed:
-        if scenario.gpu is None:  # with --gpu it keeps the source network on the new GPU
-            raise NetworkNoOp(f"the network changes nothing for job {job}: every setting of "
-                              "it is the source network's")
         return
     groups = {tuple(sorted(g)) for g, ok in zip(graph.insts["group_ranks"], priced,
                                                  strict=True) if ok}
@@ -641,6 +638,18 @@ def _refuse_network_noop(graph: ReplayGraph, scenario: Scenario, priced: np.ndar
         why = "no collective of this job crosses a link they set"
     raise NetworkNoOp(f"network setting(s) {', '.join(changed)} change nothing for job {job}: "
                       f"{why}")
+
+
+def check_network_changes(graph: ReplayGraph, scenario: Scenario) -> None:
+    """``NetworkNoOp`` for a --network whose every setting is the source network's (no
+    --gpu beside it, which would keep the old network on the new GPU; no --dp-scale): the
+    command line's what-if changes nothing. Not part of ``check_scenario``: from Python,
+    replaying the source network is an identity check."""
+    if scenario.network is None or scenario.gpu is not None or scenario.dp_scale != 1:
+        return
+    if source_network(graph, scenario) == scenario.network:
+        raise NetworkNoOp(f"the network changes nothing for job {graph.job}: every setting "
+                          "of it is the source network's")
 
 
 def _comm_spans(graph: ReplayGraph) -> tuple[np.ndarray, ...]:

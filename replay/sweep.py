@@ -135,3 +135,5 @@ def _check_axis(graph: ReplayGraph, base: Scenario, base_net: Network, key: str,
             return
     if first is not None:
         raise NetworkNoOp(f"sweep axis {key}: {first}")
+    raise NetworkNoOp(f"sweep axis {key}: the network changes nothing for job {graph.job}: "
+                      "every value of it is the source network's")

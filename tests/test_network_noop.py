@@ -55,10 +55,15 @@ def test_mtia_network_what_ifs_are_refused_as_changing_nothing(mtia: Path,
         "take it as one of the catalog's)\n")
 
 
-def test_a_network_equal_to_the_source_is_refused(bert: Path) -> None:
+def test_a_network_equal_to_the_source_is_refused(bert: Path, tmp_path: Path) -> None:
     assert run("replay", bert, "--source-gpu", "v100", "--network", "gpus_per_node=8") == (
         2, "", "tracetool: error: the network changes nothing for job b: every setting of it "
                "is the source network's\n")
+    code, _, err = run("sweep", bert, "--source-gpu", "v100", "--network", "gpus_per_node=8",
+                       "--out", tmp_path / "sw")
+    assert (code, err) == (2, "tracetool: error: sweep axis gpus_per_node: the network "
+                              "changes nothing for job b: every value of it is the source "
+                              "network's\n")
 
 
 def _change(store: Path, *args: str) -> list[float]:

@@ -266,6 +266,7 @@ def replay_command(store: Path, job: str | None, source_gpu: str | None,
         label += [f"speedup {s}" for s in speedups]
         sc = replace(sc, label=", ".join(label) or "identity")
         model.check_scenario(replayer.graph, sc)  # a bad what-if: one line, before warnings
+        model.check_network_changes(replayer.graph, sc)
         warn_collectives(con, job)  # how well the collectives matched: the replay rests on it
         result = replayer.run(sc, include_incomplete=include_incomplete)
         if step is not None:
