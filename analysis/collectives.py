@@ -139,8 +139,12 @@ def _group_warnings(label: str, ranks: list[dict[str, Any]]) -> list[str]:
             f"{_us(r['spread_ns'])}, the next best shift by {_us(r['runner_up_spread_ns'])}); "
             f"those instances do not set clock offsets")
     if ranks[0]["match"] != "seq":
+        # one call on a rank and on the reference rank, matched: there is one pairing and
+        # nothing to align (the alignment needs two pairs), so call order is no guess
+        ref_calls = counts.get(ranks[0]["ref_rank"])
         unaligned = [r["rank"] for r in ranks
-                     if r["match"] == "call_order" and r["rank"] != r["ref_rank"]]
+                     if r["match"] == "call_order" and r["rank"] != r["ref_rank"]
+                     and not (r["n_calls"] == ref_calls == 1 and not r["n_unmatched"])]
         if unaligned:
             out.append(f"{label}: the calls of rank{'s' if len(unaligned) > 1 else ''} "
                        f"{_ranks_text(unaligned)} could not be aligned to rank "

@@ -493,6 +493,35 @@ def _pct(x: float | None) -> str:
     return "" if x is None else f"{100 * x:.1f}%"
 
 
+def _left_out(incomplete: list[dict[str, Any]]) -> str | None:
+    """One line for the job steps left out: the step, its reason and time when there is one;
+    else their count and the steps of each reason as ranges (a clocks_disagree job leaves
+    out every step: one line, not one per step)."""
+    if len(incomplete) == 1:
+        (r,) = incomplete
+        return (f"Left out: step {r['step']} ({r['incomplete_reason']}, {_ms(r['dur_ns'])} ms "
+                f"on {r['n_ranks']} ranks); include it with --include-incomplete.")
+    if not incomplete:
+        return None
+    by_reason: dict[str, list[int]] = {}
+    for r in incomplete:
+        by_reason.setdefault(str(r["incomplete_reason"]), []).append(int(r["step"]))
+    which = ", ".join(f"{_step_ranges(steps)} ({reason})" for reason, steps in by_reason.items())
+    return (f"Left out: {len(incomplete)} incomplete job steps, {which}; include them with "
+            "--include-incomplete.")
+
+
+def _step_ranges(steps: list[int]) -> str:
+    """[2, 3, 4, 7] -> 'steps 2-4, 7' ('step 7' alone)."""
+    out, start = [], None
+    for i, n in enumerate(steps):
+        start = n if start is None else start
+        if i + 1 == len(steps) or steps[i + 1] != n + 1:
+            out.append(str(n) if start == n else f"{start}-{n}")
+            start = None
+    return f"step{'s' if len(steps) > 1 else ''} {', '.join(out)}"
+
+
 def _sections(s: dict[str, Any], charts: dict[str, str], store: Path | str | None
               ) -> list[Section]:
     job_lines = [f"Ranks: {', '.join(map(str, s['ranks']))}"
@@ -519,10 +548,8 @@ def _sections(s: dict[str, Any], charts: dict[str, str], store: Path | str | Non
             for r in s["job_steps"]]))
         out.append(job_steps)
     steps = Section(f"Steps per rank ({what}, ms)")
-    for r in s["incomplete_steps"]:
-        steps.lines.append(f"Left out: step {r['step']} ({r['incomplete_reason']}, "
-                           f"{_ms(r['dur_ns'])} ms on {r['n_ranks']} ranks); "
-                           "include it with --include-incomplete.")
+    if left_out := _left_out(s["incomplete_steps"]):
+        steps.lines.append(left_out)
     if s["steps"]:
         steps.tables.append((["rank", "steps", "median", "mean", "min", "max"], [
             [str(r["rank"]), str(r["n_steps"]), _ms(r["median_ns"]), _ms(r["mean_ns"]),

@@ -51,6 +51,7 @@ import numpy as np
 import pyarrow as pa
 
 from tracetool.analysis.collectives import missing_ranks_note
+from tracetool.analysis.critical_path import GAP_FLOOR_NS
 from tracetool.errors import InputError
 from tracetool.graph import CLASSES, KIND_NAMES
 from tracetool.schema import MAX_RANK, MAX_STEP
@@ -305,6 +306,10 @@ class ReplayGraph:
     partial: int = 0  # collective instances whose last arrival is not replayed
     frontier: int = 0  # events outside the bounds kept as fixed points
     world_size: int | None = None  # the job's size as its traces name it (view job_world)
+    # per slot: True for a GPU op whose wait before its start is an unexplained gap (view
+    # gpu_wait_gaps, read as the critical path reads it); None when none is
+    waited: np.ndarray | None = None
+    wait_ns: np.ndarray | None = None  # per slot: that wait's measured length (view's wait_ns)
     # what the models derive from the graph alone, computed once (model.overlap_share, ...)
     memo: dict = field(default_factory=dict, repr=False, compare=False)
 
@@ -671,7 +676,37 @@ def _build(con: duckdb.DuckDBPyConnection, owner: duckdb.DuckDBPyConnection, job
         devices=devices, grad_numel=Lazy({}, lambda: _grad_numel(owner.cursor(), job)),
         bounds=Bounds(sel.steps, sel.ranks), replayed_ranks=replayed,
         step_reported=reported, partial=int(partial.sum()), frontier=frontier,
-        world_size=world)
+        world_size=world, **_waited(con, job, slot_of, n_slots, op_slot, dst, lag))
+
+
+def _waited(con: duckdb.DuckDBPyConnection, job: str, slot_of: SlotIndex, n_slots: int,
+            op_slot: np.ndarray, dst: np.ndarray, lag: np.ndarray) -> dict:
+    """ReplayGraph.waited and wait_ns: per slot, is it a GPU op of view gpu_wait_gaps, the
+    one definition of an unexplained gap (analysis/sql/62_unexplained_gaps.sql), so the
+    projected path marks the same waits the measured one does
+    (``analysis.critical_path._waited``), and its wait. None when none is; the view is read
+    only when some GPU op's start waited longer than GAP_FLOOR_NS on every edge into it
+    (rarely, on most traces)."""
+    start = np.zeros(2 * n_slots, dtype=bool)
+    start[2 * op_slot] = True
+    cand = np.unique(dst[start[dst] & (lag > GAP_FLOOR_NS)])
+    if not len(cand):
+        return {}
+    into = np.isin(dst, cand)
+    least = np.full(2 * n_slots, np.inf)
+    np.minimum.at(least, dst[into], lag[into])
+    if not (least[cand] > GAP_FLOOR_NS).any():
+        return {}
+    w = con.execute("SELECT rank, eid, wait_ns FROM gpu_wait_gaps WHERE job = ?",
+                    [job]).fetchnumpy()
+    s = slot_of(w["rank"], w["eid"])
+    if not (s >= 0).any():
+        return {}
+    waited = np.zeros(n_slots, dtype=bool)
+    waited[s[s >= 0]] = True
+    wait_ns = np.zeros(n_slots)
+    wait_ns[s[s >= 0]] = w["wait_ns"][s >= 0]
+    return {"waited": waited, "wait_ns": wait_ns}
 
 
 def _read_graph(con: duckdb.DuckDBPyConnection, sel: _Selection

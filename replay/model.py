@@ -304,8 +304,10 @@ def check_scenario(graph: ReplayGraph, scenario: Scenario) -> None:
         src, dst = source_network(graph, scenario), target_network(graph, scenario)
         if dst is not None and dst.placement is not None:
             dst.placement.check_covers(world_size(graph), graph.job)
-        if src is not None and dst is not None:  # else collective_factors says what to give
-            priced = _priced(graph)
+        priced = _priced(graph)
+        # a job with nothing priced is refused as such, whatever the networks: asking for a
+        # --source-network (collective_factors, when it is unknown) would change nothing
+        if not priced.any() or (src is not None and dst is not None):
             _refuse_network_noop(graph, scenario, priced, unpriced_comm_note(graph, priced),
                                  src, dst)
 
@@ -598,10 +600,16 @@ def unknown_size_networks(graph: ReplayGraph, scenario: Scenario, src: Network,
     if scenario.source_network is not None:
         return src, dst, ([f"{what}: the sizes and projection rest on the given source "
                            "network instead"] if not 0.5 <= lam <= 2 else [])
-    dst = dst if scenario.network is not None else _bandwidth_scaled(dst, lam)
-    return _bandwidth_scaled(src, lam), dst, [
+    scaled = _bandwidth_scaled(src, lam)
+    if scenario.network is None:
+        dst = _bandwidth_scaled(dst, lam)
+    else:  # a --network's keys left at the source's (or set to them) follow its scaling
+        dst = replace(dst, **{f.name: getattr(scaled, f.name) for f in fields(Network)
+                              if getattr(dst, f.name) == getattr(src, f.name)})
+    return scaled, dst, [
         f"{what}: the default source network was scaled by that"
-        + ("" if scenario.network is not None else ", and so was the target's")]
+        + (", and so were the --network bandwidths left at the source's"
+           if scenario.network is not None else ", and so was the target's")]
 
 
 def collective_factors(graph: ReplayGraph, scenario: Scenario
@@ -724,18 +732,20 @@ class NetworkNoOp(WhatIfError):
 
 
 def _refuse_network_noop(graph: ReplayGraph, scenario: Scenario, priced: np.ndarray,
-                         unpriced: str | None, src: Network, dst: Network) -> None:
+                         unpriced: str | None, src: Network | None, dst: Network | None
+                         ) -> None:
     """``WhatIfError`` for a --network / --dp-scale that changes no priced edge: nothing is
     priced, or every setting it changes is of a link no priced collective crosses (a 2-rank
     job on one 8-GPU node crosses no inter-node link, so inter_node_bw changes nothing).
-    A setting equal to the source's is no change, and is not refused (a sweep may hold
-    the traced value)."""
+    A setting equal to the source's is no change, and is not refused here (a sweep may
+    hold the traced value, a Python caller replay the source network as an identity check);
+    the command line refuses a network that is all the source's (``check_network_changes``)."""
     job = graph.job
     if not priced.any():
         why = f"; {unpriced}" if unpriced else ""
         raise NetworkNoOp(f"the network changes nothing: job {job} has no collective across "
                           f"ranks that the network model prices{why}")
-    if scenario.network is None or scenario.dp_scale != 1:
+    if scenario.network is None or scenario.dp_scale != 1 or src is None or dst is None:
         return
     changed = [f.name for f in fields(Network) if getattr(src, f.name) != getattr(dst, f.name)]
     if not changed:
@@ -771,6 +781,18 @@ def _refuse_network_noop(graph: ReplayGraph, scenario: Scenario, priced: np.ndar
         why = "no collective of this job crosses a link they set"
     raise NetworkNoOp(f"network setting(s) {', '.join(changed)} change nothing for job {job}: "
                       f"{why}")
+
+
+def check_network_changes(graph: ReplayGraph, scenario: Scenario) -> None:
+    """``NetworkNoOp`` for a --network whose every setting is the source network's (no
+    --gpu beside it, which would keep the old network on the new GPU; no --dp-scale): the
+    command line's what-if changes nothing. Not part of ``check_scenario``: from Python,
+    replaying the source network is an identity check."""
+    if scenario.network is None or scenario.gpu is not None or scenario.dp_scale != 1:
+        return
+    if source_network(graph, scenario) == scenario.network:
+        raise NetworkNoOp(f"the network changes nothing for job {graph.job}: every setting "
+                          "of it is the source network's")
 
 
 def _comm_spans(graph: ReplayGraph) -> tuple[np.ndarray, ...]:
@@ -875,6 +897,38 @@ def _scaled_both(measured: np.ndarray, factor: np.ndarray, model_ns: np.ndarray
     return measured * factor, measured - m + m * factor
 
 
+FLOOR_NOTE_SHARE = 0.25  # the share of the projected kernel time set by floors that is said
+
+
+def _floor_note(graph: ReplayGraph, factor: np.ndarray, src: Gpu | None, dst: Gpu
+                ) -> list[str]:
+    """On another GPU, when the target's kernel floor (``project_kernel_ns``) is at least
+    FLOOR_NOTE_SHARE of the projected kernel time: how much, so a large change that comes
+    from short kernels taking the floor (a 20 ns kernel projected to 2.1 us) is not read as
+    the GPU being slower."""
+    ops = graph.ops
+    cat = ops["category"].astype(str)
+    k = (ops["kind"].astype(str) == "kernel") & (cat != "comm") & (ops["dur"] > 0)
+    if src is None or src.key == dst.key or not k.any() or dst.kernel_floor_ns <= 0:
+        return []
+    projected = float((ops["dur"][k] * factor[k]).sum())
+    floors = dst.kernel_floor_ns * int(k.sum())
+    if projected <= 0 or floors < FLOOR_NOTE_SHARE * projected:
+        return []
+    under = int((ops["dur"][k] <= src.kernel_floor_ns).sum())
+    return [f"the {dst.key} kernel floor ({dst.kernel_floor_ns / 1e3:.1f} us per kernel, "
+            f"replay/gpus/{dst.key}.toml) sets {100 * min(floors / projected, 1):.0f}% of the "
+            f"projected kernel time ({_time(floors)} of {_time(projected)}, "
+            f"{int(k.sum())} kernel{'s' if k.sum() != 1 else ''}; {under} ran at or under "
+            f"the {src.key} floor of "
+            f"{src.kernel_floor_ns / 1e3:.1f} us): short kernels take the floor, not their "
+            "measured time scaled, so that share of the projection rests on the floor's value"]
+
+
+def _time(ns: float) -> str:
+    return f"{ns / 1e6:,.3f} ms" if ns >= 1e6 else f"{ns / 1e3:,.3f} us"
+
+
 def weights(graph: ReplayGraph, scenario: Scenario) -> Weights:
     """Edge weights of ``graph`` under ``scenario`` (the identity weights when it changes
     nothing)."""
@@ -889,6 +943,8 @@ def weights(graph: ReplayGraph, scenario: Scenario) -> Weights:
         w[sel], out.w_alt[sel] = _scaled_both(graph.ops["dur"][op], f[op], model_ns[op])
         if dst is not None and scenario.gpu is None:  # the trace's GPU at another clock
             clock_notes += _latency_note(graph, f, model_ns)
+        elif dst is not None:
+            clock_notes += _floor_note(graph, f, source_gpu(graph, scenario), dst)
         if scenario.gpu is not None:
             clock_notes += dtype_notes(graph, scenario.gpu)
     k, model_ns, notes, costs = collective_factors(graph, scenario)

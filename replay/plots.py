@@ -14,7 +14,16 @@ if TYPE_CHECKING:
 
 PARTS = tuple((k, label, colour(k)) for k, label in (
     ("compute", "compute"), ("exposed_comm", "exposed comm"),
-    ("exposed_memcpy", "memcpy (not overlapped)"), ("idle", "idle")))
+    ("exposed_memcpy", "memcpy (not overlapped)"), ("idle", "idle"),
+    ("unexplained_gap", "unexplained gap (GPU idle, work queued)")))
+
+
+def _part(p: dict[str, int], key: str) -> int:
+    """A bar's part in ns: idle less its unexplained gap, which stacks on its own."""
+    gap = p.get("unexplained_gap_ns", 0)
+    if key == "unexplained_gap":
+        return gap
+    return p.get(key, 0) - (gap if key == "idle" else 0)
 
 
 def _figure(width: float, height: float) -> Any:
@@ -29,14 +38,17 @@ def _figure(width: float, height: float) -> Any:
 def _stack(ax: Any, x: list[float], parts: list[dict[str, int]], width: float) -> None:
     bottom = [0.0] * len(x)
     for key, label, fill in PARTS:
-        ms = [max(0, p.get(key, 0)) / 1e6 for p in parts]
+        ms = [max(0, _part(p, key)) / 1e6 for p in parts]
+        if key == "unexplained_gap" and not any(ms):
+            continue  # named only where there is one
         ax.bar(x, ms, width, bottom=bottom, color=fill, label=label)
         bottom = [b + m for b, m in zip(bottom, ms, strict=True)]
 
 
-def plot_replay(result: ReplayResult, path: Path) -> None:
-    """Per step: measured and projected step time side by side, split by breakdown, with
-    the projection's uncertainty band."""
+def plot_replay(result: ReplayResult, path: Path) -> Any:
+    """Per step: measured and projected step time side by side, split by breakdown (idle's
+    unexplained gap on its own where there is one), with the projection's uncertainty band;
+    returns the figure (saved to ``path``)."""
     steps = result.steps
     fig = _figure(max(6, 1.2 * len(steps) + 3), 4.5)
     ax = fig.add_subplot()
@@ -59,6 +71,7 @@ def plot_replay(result: ReplayResult, path: Path) -> None:
     keep = {lab: h for h, lab in zip(handles, labels, strict=True) if lab in bottom_colours}
     ax.legend(keep.values(), keep.keys(), loc="upper left", bbox_to_anchor=(1, 1))
     save_png(fig, path)
+    return fig
 
 
 def plot_sweep(rows: list[dict], axis: str, path: Path) -> Any:

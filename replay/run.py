@@ -28,6 +28,7 @@ from tracetool.analysis.critical_path import (
     SEGMENT_KINDS,
     PathGraph,
     PathWalker,
+    unexplained_gap_warning,
 )
 from tracetool.graph import KIND_NAMES
 from tracetool.numbers import round_ns
@@ -36,6 +37,7 @@ from .band import bounds, clock_band, describe, edge_errors, step_variation, wid
 from .graph import NO_STEP, Bounds, ReplayGraph, build_graph
 from .model import Scenario, weights
 
+_UNEXPLAINED = SEGMENT_KINDS.index("unexplained_gap")
 # step_breakdown's partition of a rank's step (its columns without _ns): these add up to it
 BREAKDOWN = ("compute", "exposed_comm", "exposed_memcpy", "idle")
 
@@ -155,11 +157,13 @@ class Replayer:
                           else (None, {}))
         if breakdown:
             if self._measured_breakdown is None:
-                self._measured_breakdown = self._breakdowns(g.t0, m)
+                self._measured_breakdown = self._breakdowns(
+                    g.t0, m, gaps=self._gap_intervals(g.t0, g.base_w))
             measured_bd = self._measured_breakdown
             # the identity schedule is the measured timeline, exactly (integer ns in float64)
             projected_bd = (measured_bd if np.array_equal(t, g.t0)
-                            else self._breakdowns(t, p, self._added_waits(t, wts.w)))
+                            else self._breakdowns(t, p, self._added_waits(t, wts.w),
+                                                  self._gap_intervals(t, wts.w)))
         alts = [p.job_end - p.job_start]  # the step times the band spans
         for x in band.result() if band is not None else []:
             s = step_windows(g, x)
@@ -191,7 +195,8 @@ class Replayer:
         return ReplayResult(job=g.job, scenario=scenario.label, steps=steps, times=t,
                             origin_ns=g.origin_ns,
                             notes=g.notes + wts.notes + describe(used) + clock.notes
-                            + unchanged_note(steps, not np.array_equal(t, g.t0)),
+                            + unchanged_note(steps, not np.array_equal(t, g.t0))
+                            + self._gap_note(segments, steps),
                             path_arrays=segments,
                             bounds=self.selection())
 
@@ -205,6 +210,25 @@ class Replayer:
                 "replayed_ranks": g.replayed_ranks.tolist(), "job_ranks": g.ranks.tolist(),
                 "world_size": g.world_size,
                 "partial_collectives": g.partial, "fixed_points": g.frontier}
+
+    def _gap_note(self, segments: dict[str, np.ndarray], steps: list[StepResult]
+                  ) -> list[str]:
+        """critical-path's one warning about unexplained gaps (``unexplained_gap_warning``),
+        over the projected path of the reported steps: a GPU op of view gpu_wait_gaps whose
+        wait still sets its projected start. Empty when the path has none."""
+        kind = segments.get("kind")
+        if kind is None or not (kind == _UNEXPLAINED).any():
+            return []
+        keep = np.isin(segments["step"], [NO_STEP if s.step is None else s.step
+                                           for s in steps])
+        rank = segments["rank"][keep]
+        path = pa.table({
+            "kind": pa.array(SEGMENT_KINDS).take(pa.array(kind[keep], type=pa.int64())),
+            "rank": pa.array(rank, mask=rank < 0, type=pa.int64()),
+            "start_ns": segments["start_ns"][keep],
+            "dur_ns": segments["end_ns"][keep] - segments["start_ns"][keep]})
+        gap = unexplained_gap_warning(self._db.from_arrow(path))
+        return [gap] if gap else []
 
     def _added_waits(self, t: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, ...]:
         """(rank, start, end) of the waits for a CPU-side transfer that the projection added:
@@ -227,12 +251,35 @@ class Replayer:
         nodes, extra = nodes[keep], extra[keep]
         return (g.rank[nodes >> 1].astype(np.int64), t[nodes] - extra, t[nodes])
 
+    def _gap_intervals(self, t: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, ...] | None:
+        """(rank, start, end) of the unexplained gaps on timeline ``t`` (weights ``w``):
+        each GPU op of view gpu_wait_gaps (ReplayGraph.waited) waited before its start for
+        its measured wait, or less when its binding dependency now comes later (the hop the
+        path marks). On the measured timeline, the view's waits exactly. None when none."""
+        g = self.graph
+        if g.waited is None or g.wait_ns is None:
+            return None
+        nodes = 2 * np.flatnonzero(g.waited)
+        pos = np.flatnonzero(np.isin(g.order, nodes))
+        node = g.order[pos]
+        start = np.empty(len(node))
+        for i, (at, n) in enumerate(zip(pos.tolist(), node.tolist(), strict=True)):
+            lo, hi = int(g.ptr[at]), int(g.ptr[at + 1])
+            src = t[g.src[lo:hi]]
+            arrive = src + w[lo:hi]
+            hop = src[arrive == arrive.max()].max() if hi > lo else t[n]
+            start[i] = max(t[n] - g.wait_ns[n >> 1], hop)
+        return g.rank[node >> 1].astype(np.int64), start, t[node]
+
     def _breakdowns(self, t: np.ndarray, w: StepWindows,
-                    waits: tuple[np.ndarray, ...] | None = None) -> dict[int, dict[str, int]]:
+                    waits: tuple[np.ndarray, ...] | None = None,
+                    gaps: tuple[np.ndarray, ...] | None = None) -> dict[int, dict[str, int]]:
         """Per job step index: the mean over its ranks of step_breakdown's partition of each
-        rank's step (compute, exposed comm, exposed memcpy, idle; plus comm_ns and the step's
-        dur_ns), from the breakdown_events on timeline ``t``; ``waits`` (``_added_waits``)
-        are cut out of the compute intervals and counted as comm."""
+        rank's step (compute, exposed comm, exposed memcpy, idle; plus comm_ns, the step's
+        dur_ns and unexplained_gap_ns, the part of idle in ``gaps`` (``_gap_intervals``) with
+        no GPU op running, as step_breakdown's), from the breakdown_events on timeline ``t``;
+        ``waits`` (``_added_waits``) are cut out of the compute intervals and counted as
+        comm."""
         g, rs = self.graph, self.graph.rank_steps
         if len(w.rank_start):
             win_rank, win_step = rs["rank"], rs["step_idx"]
@@ -248,7 +295,25 @@ class Replayer:
                                       t[2 * self._iv_slot + 1], self._iv_what, waits))
         db.register("_win", pa.table({"rank": win_rank[ok], "step": win_step[ok],
                                       "a": a[ok], "b": b[ok]}))
+        gap_rows: list[tuple] = []
         try:
+            if gaps is not None and len(gaps[0]):
+                # the gaps as 'compute' over every busy interval as 'comm': their union less
+                # the busy time is the gaps' idle part (unexplained_gap_intervals' rule)
+                db.register("_gap", pa.table({"rank": gaps[0], "s": gaps[1], "e": gaps[2]}))
+                db.execute("""
+                    CREATE OR REPLACE TEMP VIEW _gclip AS
+                    SELECT '' AS job, w.rank, w.step, greatest(i.s, w.a) AS s_ns,
+                           least(i.e, w.b) AS e_ns, i.what
+                    FROM (SELECT rank, s, e, 'comm' AS what FROM _iv WHERE what <> 'cpu'
+                          UNION ALL SELECT rank, s, e, 'compute' FROM _gap) i
+                    JOIN _win w ON i.rank = w.rank AND i.s < w.b AND i.e > w.a""")
+                gap_rows = db.execute("""
+                    SELECT w.step, avg(coalesce(u.compute_or_comm, 0) - coalesce(u.comm, 0))
+                    FROM _win w LEFT JOIN interval_unions('_gclip') u
+                      ON u.rank = w.rank AND u.step = w.step
+                    GROUP BY w.step""").fetchall()
+                db.unregister("_gap")
             db.execute("""
                 CREATE OR REPLACE TEMP VIEW _clip AS
                 SELECT '' AS job, w.rank, w.step, greatest(i.s, w.a) AS s_ns,
@@ -264,12 +329,14 @@ class Replayer:
         finally:
             db.unregister("_iv")
             db.unregister("_win")
+        gap = {int(step): ns for step, ns in gap_rows}
         out = {}
         for step, compute, comm, either, busy, dur in rows:
             out[int(step)] = {
                 "compute": round_ns(compute), "exposed_comm": round_ns(either - compute),
                 "exposed_memcpy": round_ns(busy - either), "idle": round_ns(dur - busy),
-                "comm_ns": round_ns(comm), "dur_ns": round_ns(dur)}
+                "comm_ns": round_ns(comm), "dur_ns": round_ns(dur),
+                "unexplained_gap_ns": round_ns(gap.get(int(step), 0))}
         return out
 
     def _path(self, t: np.ndarray, w: np.ndarray, start: np.ndarray, end: np.ndarray
@@ -300,7 +367,7 @@ class Replayer:
         pg = PathGraph(t=ti, pred=pred,
                        pred_kind=np.where(has, g.kind[np.maximum(edge, 0)], -1).astype(np.int8),
                        ends=ends, rank=g.rank, eid=g.eid, track=g.track, cls=g.cls,
-                       parent=g.parent)
+                       parent=g.parent, waited=g.waited)
         walker = PathWalker(pg)
         out, parts = [], []
         for i, (step, a, b) in enumerate(zip(g.steps.tolist(), start, end, strict=True)):

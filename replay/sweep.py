@@ -85,12 +85,12 @@ def sweep(replayer: Replayer, base: Scenario, network_axes: list[str],
     g = replayer.graph
     axes = parse_axes(network_axes)
     src_net = source_network(g, base)
+    base_net = base.network or src_net or Network()
+    for key, vals in axes:  # an axis that changes nothing first: then no network is asked
+        _check_axis(g, base, base_net, key, vals)
     if axes and src_net is None:
         raise ValueError("the trace names no GPU of the catalog, so its network is unknown: "
                          "give --source-network")
-    base_net = base.network or src_net or Network()
-    for key, vals in axes:
-        _check_axis(g, base, base_net, key, vals)
     points = []
     grid = itertools.product(*[[(k, v) for v in vals] for k, vals in axes],
                              gpus or [None], dp_scales or [base.dp_scale],
@@ -120,7 +120,7 @@ def sweep(replayer: Replayer, base: Scenario, network_axes: list[str],
                 check_scenario(g, sc)
                 break
             except NetworkNoOp:  # its settings price no edge: the source network's numbers
-                sc = replace(sc, network=base_net)
+                sc = replace(sc, network=base.network)
             except GpuNoOp:  # the trace's own GPU: its measured kernel times
                 sc = replace(sc, gpu=None)
         points.append((sc, coords))
@@ -135,7 +135,8 @@ def sweep(replayer: Replayer, base: Scenario, network_axes: list[str],
             "measured_step_ns": mean["measured_ns"], "projected_step_ns": mean["projected_ns"],
             "low_ns": mean["low_ns"], "high_ns": mean["high_ns"],
             "projected_breakdown_ns": {k: int(np.mean([s.projected[k] for s in res.steps]))
-                                       for k in (*BREAKDOWN, "comm_ns")},
+                                       for k in (*BREAKDOWN, "comm_ns",
+                                                 "unexplained_gap_ns")},
             "gpu_clock_mhz": None if power is None else power.mhz,
             "gpu_power_w": None if power is None else power.watts,
             "energy_j": None if power is None else float(np.mean(
@@ -166,3 +167,5 @@ def _check_axis(graph: ReplayGraph, base: Scenario, base_net: Network, key: str,
             return
     if first is not None:
         raise NetworkNoOp(f"sweep axis {key}: {first}")
+    raise NetworkNoOp(f"sweep axis {key}: the network changes nothing for job {graph.job}: "
+                      "every value of it is the source network's")

@@ -89,11 +89,12 @@ def test_identity_replay_reproduces_every_step(job: str, con: duckdb.DuckDBPyCon
     expected = dict(con.execute(
         "SELECT step, dur_ns FROM job_steps WHERE job = ? AND complete", [job]).fetchall())
     # the measured breakdown is step_breakdown's, averaged over the ranks (rounded as SQL does)
-    breakdown = {r[0]: dict(zip((*BREAKDOWN, "comm_ns", "dur_ns"), r[1:], strict=True))
+    breakdown = {r[0]: dict(zip((*BREAKDOWN, "comm_ns", "dur_ns", "unexplained_gap_ns"), r[1:],
+                                strict=True))
                  for r in con.execute(
         """SELECT step, round(avg(compute_ns)), round(avg(exposed_comm_ns)),
                   round(avg(exposed_memcpy_ns)), round(avg(idle_ns)), round(avg(comm_ns)),
-                  round(avg(dur_ns))
+                  round(avg(dur_ns)), round(avg(unexplained_gap_ns))
            FROM step_breakdown WHERE job = ? GROUP BY step""", [job]).fetchall()}
     result = replayers[job].run()
     assert [s.step for s in result.steps] == sorted(expected)

@@ -374,6 +374,7 @@ def replay_command(store: Path, job: str | None, source_gpu: str | None,
             label.append(f"cpu_speedup={sc.cpu_speedup:g}")
         sc = replace(sc, label=", ".join(label) or "identity")
         model.check_scenario(replayer.graph, sc)  # a bad what-if: one line, before warnings
+        model.check_network_changes(replayer.graph, sc)
         warn_collectives(con, job)  # how well the collectives matched: the replay rests on it
         result = replayer.run(sc, include_incomplete=include_incomplete)
         power = model.scenario_power(replayer.graph, sc)
@@ -418,9 +419,11 @@ def replay_command(store: Path, job: str | None, source_gpu: str | None,
     for title, key in (("measured", "measured"), ("projected", "projected")):
         parts = {k: sum(getattr(s, key)[k] for s in result.steps) / n for k in BREAKDOWN}
         total = sum(parts.values()) or 1
+        gap = sum(getattr(s, key).get("unexplained_gap_ns", 0) for s in result.steps) / n
         click.echo(f"{title} breakdown (mean step, mean over ranks): " + ", ".join(
             f"{k.replace('_', ' ')} {v / 1e6:.3f} ms ({100 * v / total:.0f}%)"
-            for k, v in parts.items()))
+            for k, v in parts.items()) + (f", of which unexplained gap {gap / 1e6:.3f} ms"
+                                          if gap else ""))
     path: dict[str, int] = {}
     for s in result.steps:
         for k, v in s.critical_path.items():
