@@ -30,8 +30,16 @@ BREAKDOWN_PARTS = (  # (summary key, label, colour): they add up to the step's d
     ("compute_ns", "compute", colour("compute")),
     ("exposed_comm_ns", "exposed comm", colour("exposed_comm")),
     ("exposed_memcpy_ns", "memcpy (not overlapped)", colour("exposed_memcpy")),
-    ("idle_ns", "idle", colour("idle")),
+    ("idle_ns", "idle", colour("idle")),  # less its unexplained gap, stacked on its own
+    ("unexplained_gap_ns", "unexplained gap (GPU idle, work queued)", colour("unexplained_gap")),
 )
+
+
+def breakdown_part_ns(row: dict[str, Any], key: str) -> float:
+    """A bar's part in ns (BREAKDOWN_PARTS): idle less its unexplained gap (step_breakdown's
+    idle_ns includes it), the rest as the row has them."""
+    value = row.get(key) or 0
+    return value - (row.get("unexplained_gap_ns") or 0) if key == "idle_ns" else value
 
 
 def import_charting() -> None:
@@ -190,7 +198,7 @@ def draw_breakdown(job: str, breakdown: list[dict[str, Any]], cpu_only: bool,
     bottom = np.zeros(n)
     half = 0.35 if n <= 100 else 0.5  # many ranks: bars that touch, no sub-pixel gaps
     for key, label, fill in BREAKDOWN_PARTS:
-        ms = np.array([max(0, r[key] or 0) / 1e6 for r in breakdown])
+        ms = np.array([max(0, breakdown_part_ns(r, key)) / 1e6 for r in breakdown])
         ax.add_collection(PolyCollection(_rectangles(x - half, x + half, bottom, bottom + ms),
                                          facecolors=fill, linewidths=0, label=label))
         bottom = bottom + ms

@@ -139,7 +139,8 @@ def breakdown(con: duckdb.DuckDBPyConnection, job: str, all_steps: bool = False
                avg(compute_ns) AS compute_ns, avg(comm_ns) AS comm_ns,
                avg(overlap_ns) AS overlap_ns, avg(exposed_comm_ns) AS exposed_comm_ns,
                avg(memcpy_ns) AS memcpy_ns, avg(exposed_memcpy_ns) AS exposed_memcpy_ns,
-               avg(idle_ns) AS idle_ns, avg(cpu_bound_ns) AS cpu_bound_ns
+               avg(idle_ns) AS idle_ns, avg(cpu_bound_ns) AS cpu_bound_ns,
+               avg(unexplained_gap_ns) AS unexplained_gap_ns
         FROM step_breakdown WHERE job = $job AND (complete OR $all)
         GROUP BY rank ORDER BY rank""", {"job": job, "all": all_steps})
 

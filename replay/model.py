@@ -916,12 +916,12 @@ def _floor_note(graph: ReplayGraph, factor: np.ndarray, src: Gpu | None, dst: Gp
     if projected <= 0 or floors < FLOOR_NOTE_SHARE * projected:
         return []
     under = int((ops["dur"][k] <= src.kernel_floor_ns).sum())
-    return [f"the {dst.key} kernel floor ({dst.kernel_floor_ns / 1e3:.1f} us per kernel, "
+    return [f"the {dst.key} kernel floor ({dst.kernel_floor_ns / 1e3:g} us per kernel, "
             f"replay/gpus/{dst.key}.toml) sets {100 * min(floors / projected, 1):.0f}% of the "
             f"projected kernel time ({_time(floors)} of {_time(projected)}, "
             f"{int(k.sum())} kernel{'s' if k.sum() != 1 else ''}; {under} ran at or under "
             f"the {src.key} floor of "
-            f"{src.kernel_floor_ns / 1e3:.1f} us): short kernels take the floor, not their "
+            f"{src.kernel_floor_ns / 1e3:g} us): short kernels take the floor, not their "
             "measured time scaled, so that share of the projection rests on the floor's value"]
 
 
