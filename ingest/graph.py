@@ -22,15 +22,22 @@ import duckdb
 
 from tracetool.graph import (
     EVENT_RECORD_CALLS,
+    HOST_POLL_GAP_NS,
     HOST_WAIT_CHANCE,
     HOST_WAIT_MIN_GAP_NS,
     HOST_WAIT_TOL_NS,
+    POLL_CALLS,
     STREAM_WAIT_CALLS,
     SYNC_CALLS,
 )
 
-_NODES = """
-CREATE OR REPLACE TEMP TABLE _g_nodes AS
+
+def _names(names: tuple[str, ...]) -> str:
+    return ", ".join(f"'{n}'" for n in names)
+
+
+_BASE = """
+CREATE OR REPLACE TEMP TABLE _g_base AS
 WITH gloo AS (SELECT DISTINCT file, gloo_eid AS eid FROM {collectives}
               WHERE gloo_eid IS NOT NULL),
 base AS MATERIALIZED (
@@ -50,8 +57,7 @@ base AS MATERIALIZED (
     WHERE e.ph = 'X' AND e.dur_ns >= 0
       AND (g.eid IS NOT NULL
            OR (e.track_kind = 'cpu_thread' AND e.kind NOT IN ('kernel', 'memcpy', 'memset'))))
-SELECT b.*, coalesce(p.waitable, TRUE) AND NOT b.is_gpu AND b.cls = 'cpu' AS wake_start
-FROM base b LEFT JOIN base p ON p.file = b.file AND p.eid = b.parent_eid
+SELECT * FROM base
 """
 
 # Points of every track in time order, as nodes eid * 2 + (0 start | 1 end). At the same
@@ -72,10 +78,6 @@ SELECT file, track_id, is_gpu, node, t, coalesce(wake, FALSE) AS wake,
        lag(node) OVER w AS p_node, lag(t) OVER w AS p_t
 FROM pts WINDOW w AS (PARTITION BY file, track_id ORDER BY t, prio, node)
 """
-
-def _names(names: tuple[str, ...]) -> str:
-    return ", ".join(f"'{n}'" for n in names)
-
 
 _SYNC_NAMES = _names(SYNC_CALLS)
 _HELPERS = [
@@ -114,6 +116,58 @@ def at(t: str, eid: str = "0") -> str:
 def at_or_after(t: str) -> str:
     """The left key of ``at_or_after(a) >= at(b, eid)``, which holds when a >= b."""
     return at(t, "1099511627775")
+
+
+_POLL_NAMES = _names(POLL_CALLS)
+# Recorded poll loops that are host waits (tracetool.graph.POLL_CALLS): per thread, runs of
+# poll calls in start order with no other event starting between them and at most
+# HOST_POLL_GAP_NS from one's end to the next's start; a run that lasts HOST_WAIT_MIN_GAP_NS
+# and whose last call ends within HOST_WAIT_TOL_NS after a GPU op's end (few enough ops ended
+# in it: the host_wait chance test) waited for that op (src, ended at e_t). Only the threads
+# that made a poll call are windowed.
+_POLLS = f"""
+CREATE OR REPLACE TEMP TABLE _g_polls AS
+WITH t AS (SELECT DISTINCT file, track_id FROM _g_base WHERE name IN ({_POLL_NAMES})),
+seq AS (
+    SELECT b.file, b.track_id, b.eid, b.ts_ns, b.end_ns, b.depth,
+           b.name IN ({_POLL_NAMES}) AS poll,
+           lag(b.name IN ({_POLL_NAMES})) OVER w AS p_poll, lag(b.end_ns) OVER w AS p_end
+    FROM _g_base b SEMI JOIN t ON t.file = b.file AND t.track_id = b.track_id
+    WINDOW w AS (PARTITION BY b.file, b.track_id ORDER BY b.ts_ns, b.depth, b.eid)),
+runs AS (
+    SELECT *, sum(CASE WHEN poll AND p_poll AND ts_ns - p_end <= {HOST_POLL_GAP_NS}
+                       THEN 0 ELSE 1 END)
+                  OVER (PARTITION BY file, track_id ORDER BY ts_ns, depth, eid) AS run
+    FROM seq),
+r AS (
+    SELECT file, track_id, min(ts_ns) AS ts_ns, max(end_ns) AS end_ns, count(*) AS n_calls
+    FROM runs WHERE poll GROUP BY file, track_id, run
+    HAVING max(end_ns) - min(ts_ns) >= {HOST_WAIT_MIN_GAP_NS}),
+ends AS (
+    SELECT file, eid, end_ns AS t, row_number() OVER (PARTITION BY file ORDER BY end_ns, eid) AS k
+    FROM _g_base WHERE is_gpu AND file IN (SELECT file FROM r)),
+hit AS (
+    SELECT r.*, e.eid AS src, e.t AS e_t, e.k FROM r
+    ASOF JOIN ends e ON e.file = r.file AND {at_or_after('r.end_ns')} >= {at('e.t', 'e.eid')}),
+counted AS (
+    SELECT h.*, h.k - coalesce(b.k, 0) AS n_in_run FROM hit h
+    ASOF LEFT JOIN ends b ON b.file = h.file
+                         AND {at_or_after('h.ts_ns')} >= {at('b.t', 'b.eid')})
+SELECT file, track_id, ts_ns, end_ns, n_calls, src, e_t FROM counted
+WHERE e_t > ts_ns AND end_ns - e_t <= {HOST_WAIT_TOL_NS}
+  AND n_in_run * {HOST_WAIT_TOL_NS * HOST_WAIT_CHANCE} <= end_ns - ts_ns
+"""
+
+# The graph's nodes: every event of _g_base but the calls of the poll loops of _g_polls (the
+# loop is a wait, a gap on its thread, not CPU work; host_wait ends it)
+_NODES = f"""
+CREATE OR REPLACE TEMP TABLE _g_nodes AS
+SELECT b.*, coalesce(p.waitable, TRUE) AND NOT b.is_gpu AND b.cls = 'cpu' AS wake_start
+FROM _g_base b LEFT JOIN _g_base p ON p.file = b.file AND p.eid = b.parent_eid
+WHERE NOT EXISTS (SELECT 1 FROM _g_polls r
+                  WHERE r.file = b.file AND r.track_id = b.track_id AND b.ts_ns >= r.ts_ns
+                    AND b.end_ns <= r.end_ns AND b.name IN ({_POLL_NAMES}))
+"""
 
 # Each query gives (file, src_eid, src_point, dst_eid, dst_point, kind, lag_ns); every join
 # and ASOF join is within one file (a derivation batch holds several ranks' files).
@@ -239,16 +293,24 @@ FROM pair WHERE dst_eid IS NOT NULL AND dst_ts >= src_end""",
     # it (polling, spinning on pinned memory; a launch call blocked on a full launch queue
     # returns as an op ends and frees a slot), when few enough ops ended in the gap that the
     # coincidence is no chance (tracetool.graph.HOST_WAIT_*); sync calls, and a copy call's
-    # wait for its own copy, have their sync edge
+    # wait for its own copy, have their sync edge. A gap left by a recorded poll loop
+    # (_g_polls: its calls are no nodes) ends at the next point, and waited for the op its
+    # run's last call saw end (tested there): the latest run in the gap, when several
     "host_wait": f"""
 WITH ends AS (
     SELECT file, eid, end_ns AS t, launch_eid,
            row_number() OVER (PARTITION BY file ORDER BY end_ns, eid) AS k
     FROM _g_gpu),
-gaps AS (
-    SELECT c.file, c.node, c.t, c.p_t FROM _g_chain c
+all_gaps AS (
+    SELECT c.file, c.track_id, c.node, c.t, c.p_t FROM _g_chain c
     ANTI JOIN _g_sync_calls s ON s.file = c.file AND 2 * s.eid + 1 = c.node
     WHERE NOT c.is_gpu AND c.t - c.p_t >= {HOST_WAIT_MIN_GAP_NS}),
+polled AS (
+    SELECT g.file, g.node, g.t, r.src, r.e_t FROM all_gaps g
+    JOIN _g_polls r ON r.file = g.file AND r.track_id = g.track_id AND r.ts_ns >= g.p_t
+                   AND r.end_ns <= g.t
+    QUALIFY row_number() OVER (PARTITION BY g.file, g.node ORDER BY r.end_ns DESC) = 1),
+gaps AS (SELECT * FROM all_gaps g ANTI JOIN polled p ON p.file = g.file AND p.node = g.node),
 hit AS (
     SELECT g.*, e.eid AS src, e.t AS e_t, e.k, e.launch_eid FROM gaps g
     ASOF JOIN ends e ON e.file = g.file AND {at_or_after('g.t')} >= {at('e.t', 'e.eid')}),
@@ -258,7 +320,9 @@ counted AS (
 SELECT file, src, 'end', node // 2, {_PT.format('node')}, 'host_wait', t - e_t FROM counted
 WHERE e_t > p_t AND t - e_t <= {HOST_WAIT_TOL_NS}
   AND NOT (node % 2 = 1 AND launch_eid IS NOT DISTINCT FROM node // 2)  -- its own copy: sync
-  AND n_in_gap * {HOST_WAIT_TOL_NS * HOST_WAIT_CHANCE} <= t - p_t""",
+  AND n_in_gap * {HOST_WAIT_TOL_NS * HOST_WAIT_CHANCE} <= t - p_t
+UNION ALL
+SELECT file, src, 'end', node // 2, {_PT.format('node')}, 'host_wait', t - e_t FROM polled""",
     # only on a rank whose trace has no cuda_sync stream waits
     "comm_wait": f"""
 WITH k AS (SELECT g.* FROM _g_gpu g
@@ -317,7 +381,8 @@ FROM gaps g ASOF JOIN ends e ON e.file = g.file AND {at('g.t')} > {at('e.t', 'e.
 WHERE e.track_id <> g.track_id AND (g.p_t IS NULL OR e.t > g.p_t)""",
 }
 
-_TEMP = ("_g_nodes", "_g_chain", "_g_gpu", "_g_cuda_sync", "_g_runtime", "_g_sync_calls")
+_TEMP = ("_g_base", "_g_polls", "_g_nodes", "_g_chain", "_g_gpu", "_g_cuda_sync", "_g_runtime",
+         "_g_sync_calls")
 
 
 @contextmanager
@@ -328,7 +393,9 @@ def rank_graph(con: duckdb.DuckDBPyConnection, tables: dict[str, str]
     temp tables built here and dropped on exit. ``tables``: SQL reading the batch's written
     events, gpu_ops and collectives (with ``file``)."""
     try:
-        con.execute(_NODES.format(**tables))
+        con.execute(_BASE.format(**tables))
+        con.execute(_POLLS)
+        con.execute(_NODES)
         con.execute(_CHAIN)
         for sql in _HELPERS:
             con.execute(sql.format(**tables))
