@@ -15,6 +15,7 @@ import json
 from pathlib import Path
 
 import duckdb
+import msgspec
 import pytest
 
 import tracetool
@@ -189,3 +190,41 @@ def test_rocm_sglang_stream_wait_is_counted(tmp_path: Path) -> None:
         f"{len(waits)} stream wait(s) (hipStreamWaitEvent) on 1 rank(s) name no recorded event")
     assert con.execute("SELECT count(*) FROM rank_edges WHERE kind IN ('event_wait', "
                        "'stream_wait')").fetchone() == (0,)
+
+
+@corpus
+def test_the_allocators_event_sweeps_are_cpu_work(tmp_path: Path) -> None:
+    """HTA's df_index_resolver trace, cropped at test time to 5 ms around its first run of
+    cudaEventQuery calls: the caching allocator sweeps its pending events inside
+    aten::empty_strided (796 calls over 2.1 ms); no GPU op ended during the sweep, so it is
+    CPU work: every call stays a node and nothing waits on an op there."""
+    src = SHARED_TRACES / ("facebookresearch__HolisticTraceAnalysis/tests/data/"
+                           "df_index_resolver/df_index_resolver.json.gz")
+    trace = msgspec.json.decode(gzip.decompress(src.read_bytes()))  # 54 MB: 4x json's speed
+    ev = sorted((e for e in trace["traceEvents"] if e.get("ph") == "X"), key=lambda e: e["ts"])
+    # independently: the first row of calls with at most 20 us between them, on one thread
+    first = next(e for e in ev if e["name"] == "cudaEventQuery")
+    thread = [e for e in ev if e["tid"] == first["tid"] and e.get("cat") != "kernel"
+              and first["ts"] <= e["ts"] <= first["ts"] + 5_000]
+    run_ = [first]
+    for e in thread[thread.index(first) + 1:]:
+        if e["name"] != "cudaEventQuery" or e["ts"] - run_[-1]["ts"] - run_[-1]["dur"] > 20:
+            break
+        run_.append(e)
+    start, end = first["ts"], run_[-1]["ts"] + run_[-1]["dur"]
+    assert (len(run_), end - start) == (796, 2_084)
+    gpu_ends = [e["ts"] + e["dur"] for e in ev
+                if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
+    assert not [t for t in gpu_ends if start < t <= end]
+    lo, hi = start - 5_000, end + 1_000
+    trace["traceEvents"] = [e for e in trace["traceEvents"] if e.get("ph") == "M" or (
+        e.get("ph") == "X" and e["ts"] <= hi and e["ts"] + e.get("dur", 0) >= lo)]
+    n_polls = sum(e["name"] == "cudaEventQuery" for e in trace["traceEvents"])
+    path = write(tmp_path / "crop.json", msgspec.json.encode(trace))
+    assert ingest([path], Options(store=tmp_path / "s", job="j", rank=0, workers=1)
+                  )[0].status == "ingested"
+    con = tracetool.connect(tmp_path / "s")
+    assert _polls_in_graph(con) == (n_polls, n_polls)
+    assert con.execute("""SELECT count(*) FROM rank_edges e JOIN events d ON d.eid = e.dst_eid
+                          WHERE e.kind = 'host_wait' AND d.ts_ns BETWEEN ? AND ?""",
+                       [start * 1000, hi * 1000]).fetchone() == (0,)
