@@ -131,12 +131,11 @@ WITH t AS (SELECT DISTINCT file, track_id FROM _g_base WHERE name IN ({_POLL_NAM
 seq AS (
     SELECT b.file, b.track_id, b.eid, b.ts_ns, b.end_ns, b.depth,
            b.name IN ({_POLL_NAMES}) AS poll,
-           lag(b.name IN ({_POLL_NAMES})) OVER w AS p_poll, lag(b.end_ns) OVER w AS p_end
-    FROM _g_base b SEMI JOIN t ON t.file = b.file AND t.track_id = b.track_id
-    WINDOW w AS (PARTITION BY b.file, b.track_id ORDER BY b.ts_ns, b.depth, b.eid)),
-runs AS (
-    SELECT *, sum(CASE WHEN poll AND p_poll AND ts_ns - p_end <= {HOST_POLL_GAP_NS}
-                       THEN 0 ELSE 1 END)
+           lag(b.end_ns) OVER (PARTITION BY b.file, b.track_id
+                               ORDER BY b.ts_ns, b.depth, b.eid) AS p_end
+    FROM _g_base b SEMI JOIN t ON t.file = b.file AND t.track_id = b.track_id),
+runs AS (  -- any other event starts a new run (which its own row leaves out: not poll)
+    SELECT *, sum(CASE WHEN poll AND ts_ns - p_end <= {HOST_POLL_GAP_NS} THEN 0 ELSE 1 END)
                   OVER (PARTITION BY file, track_id ORDER BY ts_ns, depth, eid) AS run
     FROM seq),
 r AS (
@@ -293,24 +292,25 @@ FROM pair WHERE dst_eid IS NOT NULL AND dst_ts >= src_end""",
     # it (polling, spinning on pinned memory; a launch call blocked on a full launch queue
     # returns as an op ends and frees a slot), when few enough ops ended in the gap that the
     # coincidence is no chance (tracetool.graph.HOST_WAIT_*); sync calls, and a copy call's
-    # wait for its own copy, have their sync edge. A gap left by a recorded poll loop
-    # (_g_polls: its calls are no nodes) ends at the next point, and waited for the op its
-    # run's last call saw end (tested there): the latest run in the gap, when several
+    # wait for its own copy, have their sync edge. The point after a recorded poll loop
+    # (_g_polls: its calls are no nodes) waited for the op its last call saw end (tested
+    # there; the latest loop, when several end in one hop)
     "host_wait": f"""
 WITH ends AS (
     SELECT file, eid, end_ns AS t, launch_eid,
            row_number() OVER (PARTITION BY file ORDER BY end_ns, eid) AS k
     FROM _g_gpu),
-all_gaps AS (
-    SELECT c.file, c.track_id, c.node, c.t, c.p_t FROM _g_chain c
+polled AS (  -- the point after a poll loop: its hop on the thread spans the loop's end
+    SELECT c.file, c.node, c.t, r.src, r.e_t FROM _g_polls r
+    JOIN _g_chain c ON c.file = r.file AND c.track_id = r.track_id AND c.t >= r.end_ns
+                   AND (c.p_t IS NULL OR c.p_t < r.end_ns)
     ANTI JOIN _g_sync_calls s ON s.file = c.file AND 2 * s.eid + 1 = c.node
+    QUALIFY row_number() OVER (PARTITION BY c.file, c.node ORDER BY r.end_ns DESC) = 1),
+gaps AS (
+    SELECT c.file, c.node, c.t, c.p_t FROM _g_chain c
+    ANTI JOIN _g_sync_calls s ON s.file = c.file AND 2 * s.eid + 1 = c.node
+    ANTI JOIN polled p ON p.file = c.file AND p.node = c.node
     WHERE NOT c.is_gpu AND c.t - c.p_t >= {HOST_WAIT_MIN_GAP_NS}),
-polled AS (
-    SELECT g.file, g.node, g.t, r.src, r.e_t FROM all_gaps g
-    JOIN _g_polls r ON r.file = g.file AND r.track_id = g.track_id AND r.ts_ns >= g.p_t
-                   AND r.end_ns <= g.t
-    QUALIFY row_number() OVER (PARTITION BY g.file, g.node ORDER BY r.end_ns DESC) = 1),
-gaps AS (SELECT * FROM all_gaps g ANTI JOIN polled p ON p.file = g.file AND p.node = g.node),
 hit AS (
     SELECT g.*, e.eid AS src, e.t AS e_t, e.k, e.launch_eid FROM gaps g
     ASOF JOIN ends e ON e.file = g.file AND {at_or_after('g.t')} >= {at('e.t', 'e.eid')}),
