@@ -521,6 +521,6 @@ def unresolved_stream_wait_warning(con: duckdb.DuckDBPyConnection, job: str) -> 
         return None
     return (f"{n} stream wait(s) ({', '.join(names)}) on {ranks} rank(s) name no recorded "
             "event (no cuda_sync events, no event record call before them on their thread; "
-            "ROCm's profiler never records hipEventRecord): they give the graph no edge, so "
+            "ROCm's Kineto never records hipEventRecord): they give the graph no edge, so "
             "the critical path and replay may treat work they ordered across streams as "
             "independent (waits of a stream on an NCCL/RCCL kernel are inferred: comm_wait)")
