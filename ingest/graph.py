@@ -57,7 +57,8 @@ base AS MATERIALIZED (
     WHERE e.ph = 'X' AND e.dur_ns >= 0
       AND (g.eid IS NOT NULL
            OR (e.track_kind = 'cpu_thread' AND e.kind NOT IN ('kernel', 'memcpy', 'memset'))))
-SELECT * FROM base
+SELECT b.*, coalesce(p.waitable, TRUE) AND NOT b.is_gpu AND b.cls = 'cpu' AS wake_start
+FROM base b LEFT JOIN base p ON p.file = b.file AND p.eid = b.parent_eid
 """
 
 # Points of every track in time order, as nodes eid * 2 + (0 start | 1 end). At the same
@@ -158,11 +159,12 @@ WHERE e_t > ts_ns AND end_ns - e_t <= {HOST_WAIT_TOL_NS}
 """
 
 # The graph's nodes: every event of _g_base but the calls of the poll loops of _g_polls (the
-# loop is a wait, a gap on its thread, not CPU work; host_wait ends it)
+# loop is a wait, a gap on its thread, not CPU work; host_wait ends it). No loop's calls
+# enclose another event, so no node's parent is left out (wake_start holds). Without such a
+# loop (nearly every rank), _g_base is renamed instead: no copy
 _NODES = f"""
 CREATE OR REPLACE TEMP TABLE _g_nodes AS
-SELECT b.*, coalesce(p.waitable, TRUE) AND NOT b.is_gpu AND b.cls = 'cpu' AS wake_start
-FROM _g_base b LEFT JOIN _g_base p ON p.file = b.file AND p.eid = b.parent_eid
+SELECT * FROM _g_base b
 WHERE NOT EXISTS (SELECT 1 FROM _g_polls r
                   WHERE r.file = b.file AND r.track_id = b.track_id AND b.ts_ns >= r.ts_ns
                     AND b.end_ns <= r.end_ns AND b.name IN ({_POLL_NAMES}))
@@ -395,7 +397,11 @@ def rank_graph(con: duckdb.DuckDBPyConnection, tables: dict[str, str]
     try:
         con.execute(_BASE.format(**tables))
         con.execute(_POLLS)
-        con.execute(_NODES)
+        if con.execute("SELECT count(*) FROM _g_polls").fetchone() != (0,):
+            con.execute(_NODES)
+            con.execute("DROP TABLE _g_base")
+        else:
+            con.execute("ALTER TABLE _g_base RENAME TO _g_nodes")
         con.execute(_CHAIN)
         for sql in _HELPERS:
             con.execute(sql.format(**tables))
