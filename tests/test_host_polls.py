@@ -142,24 +142,18 @@ def test_rocm_stream_waits_give_no_edge_and_one_warning(tmp_path: Path) -> None:
                 stream=4)]
         return ev + [x("hipEventRecord", 30, 2, correlation=4, **rt)] if record else ev
 
-    path = write(tmp_path / "rocm.json", kineto_text(trace(False), rank=0))
-    store = tmp_path / "store"
-    assert run("ingest", "--store", store, "--job", "j", path)[0] == 0
-    code, out, err = run("critical-path", store, "--json")
+    con = _ingest(tmp_path, "rocm", trace(False))
+    assert con.execute("SELECT count(*) FROM rank_edges WHERE kind IN ('event_wait', "
+                       "'stream_wait')").fetchone() == (0,)
+    con.close()
+    code, out, err = run("critical-path", tmp_path / "rocm", "--json")
     assert code == 0
     (w,) = [w for w in json.loads(out)["warnings"] if "stream wait" in w]
     assert w.startswith("1 stream wait(s) (hipStreamWaitEvent) on 1 rank(s) name no "
                         "recorded event")
-    assert err.count("stream wait(s)") == 1
-    con = tracetool.connect(store)
-    assert con.execute("SELECT count(*) FROM rank_edges WHERE kind IN ('event_wait', "
-                       "'stream_wait')").fetchone() == (0,)
-    con.close()
-    path = write(tmp_path / "cuda.json", kineto_text(trace(True), rank=0))
-    assert run("ingest", "--store", tmp_path / "s2", "--job", "j", path)[0] == 0
-    code, out, err = run("critical-path", tmp_path / "s2", "--json")
-    assert code == 0 and "stream wait(s)" not in out + err
-    con = tracetool.connect(tmp_path / "s2")
+    assert err.count("stream wait(s)") == 1 and f"tracetool: warning: {w}" in err
+    con = _ingest(tmp_path, "cuda", trace(True))
+    assert unresolved_stream_wait_warning(con, "j") is None
     assert con.execute("""SELECT s.name, d.name, e.lag_ns FROM rank_edges e
                           JOIN events s ON s.eid = e.src_eid JOIN events d ON d.eid = e.dst_eid
                           WHERE e.kind = 'event_wait'""").fetchall() == [("gemm", "reduce", 10_000)]
