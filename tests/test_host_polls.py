@@ -87,12 +87,14 @@ def test_a_poll_loop_ending_as_a_kernel_ends_is_a_wait_on_it(tmp_path: Path) -> 
                        ("gemm_kernel", "compute", "gpu_order", 300, 10_300),
                        ("aten::add", "idle_wait", "host_wait", 10_300, 10_310),
                        ("aten::add", "cpu", "cpu_order", 10_310, 10_400)]
-    # replay: the loop is no fixed CPU work, a kernel twice as fast ends it 5 ms earlier
+    # replay: the loop is no fixed CPU work, a kernel twice as fast ends it 5 ms earlier,
+    # one twice as slow 10 ms later
     r = Replayer.from_store(con, "j")
     (same,) = r.run(Scenario()).steps
     (fast,) = r.run(Scenario(speedups=(parse_speedup("name~gemm_kernel=2"),))).steps
+    (slow,) = r.run(Scenario(speedups=(parse_speedup("name~gemm_kernel=0.5"),))).steps
     assert same.projected_ns == same.measured_ns == 20_000_000
-    assert fast.projected_ns == 15_000_000
+    assert (fast.projected_ns, slow.projected_ns) == (15_000_000, 30_000_000)
 
 
 def test_a_poll_loop_that_saw_no_op_end_is_cpu_work(tmp_path: Path) -> None:
