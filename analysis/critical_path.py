@@ -31,10 +31,17 @@ import numpy as np
 import pyarrow as pa
 
 from tracetool.analysis.windows import no_complete_steps
-from tracetool.graph import CLASSES, EDGE_KINDS, KIND_NAMES, REPLAY_ONLY_KINDS
+from tracetool.graph import (
+    CLASSES,
+    EDGE_KINDS,
+    EVENT_RECORD_CALLS,
+    KIND_NAMES,
+    REPLAY_ONLY_KINDS,
+    STREAM_WAIT_CALLS,
+)
 
 __all__ = ["CLASSES", "EDGE_KINDS", "SEGMENT_KINDS", "critical_path", "critical_path_summary",
-           "unexplained_gap_warning"]
+           "unexplained_gap_warning", "unresolved_stream_wait_warning"]
 
 # Segment kinds of the path.
 SEGMENT_KINDS = ("compute", "comm", "memcpy", "launch_overhead", "cpu", "idle_wait",
@@ -477,3 +484,43 @@ def unexplained_gap_warning(path: duckdb.DuckDBPyRelation) -> str | None:
             "into the path. Likely causes: a clock jump, GPU work outside the trace (queued "
             "before the profiler started, or another process), or a GPU op the profiler "
             "missed")
+
+
+def _sql_names(names: tuple[str, ...]) -> str:
+    return ", ".join(f"'{n}'" for n in names)
+
+
+# A stream wait call gives an edge when its rank records cuda_sync 'Stream Wait Event's
+# (stream_wait) or an event record call precedes it on its thread (event_wait;
+# tracetool.ingest.graph): the others name no recorded event
+_UNRESOLVED_WAITS = f"""
+WITH w AS (
+    SELECT rank, track_id, eid, ts_ns, name FROM events
+    WHERE job = $job AND name IN ({_sql_names(STREAM_WAIT_CALLS)}) AND ph = 'X'),
+rec AS (
+    SELECT rank, track_id, min((ts_ns, eid)) AS first FROM events
+    WHERE job = $job AND name IN ({_sql_names(EVENT_RECORD_CALLS)}) AND ph = 'X'
+    GROUP BY ALL),
+synced AS (SELECT DISTINCT rank FROM events
+           WHERE job = $job AND kind = 'cuda_sync' AND name = 'Stream Wait Event')
+SELECT count(*), count(DISTINCT w.rank), list(DISTINCT w.name ORDER BY w.name)
+FROM w LEFT JOIN rec r ON r.rank = w.rank AND r.track_id = w.track_id
+WHERE w.rank NOT IN (SELECT rank FROM synced) AND (r.first IS NULL OR (w.ts_ns, w.eid) <= r.first)
+"""
+
+
+def unresolved_stream_wait_warning(con: duckdb.DuckDBPyConnection, job: str) -> str | None:
+    """One line counting ``job``'s stream waits that give no cross-stream edge: no cuda_sync
+    event says what they waited for and no event record call precedes them on their thread
+    (ROCm's Kineto never records hipEventRecord; CUDA traces of 2022-02 to 2023-09 lack
+    cudaEventRecord), so which op they waited on is unknown; None when every one has its
+    edge. Said once, so that a path through two streams is not taken as independent work
+    without a word (docs/critical_path.md, "Stream waits")."""
+    (n, ranks, names), = con.execute(_UNRESOLVED_WAITS, {"job": job}).fetchall()
+    if not n:
+        return None
+    return (f"{n} stream wait(s) ({', '.join(names)}) on {ranks} rank(s) name no recorded "
+            "event (no cuda_sync events, no event record call before them on their thread; "
+            "ROCm's Kineto never records hipEventRecord): they give the graph no edge, so "
+            "the critical path and replay may treat work they ordered across streams as "
+            "independent (waits of a stream on an NCCL/RCCL kernel are inferred: comm_wait)")

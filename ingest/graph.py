@@ -22,15 +22,22 @@ import duckdb
 
 from tracetool.graph import (
     EVENT_RECORD_CALLS,
+    HOST_POLL_GAP_NS,
     HOST_WAIT_CHANCE,
     HOST_WAIT_MIN_GAP_NS,
     HOST_WAIT_TOL_NS,
+    POLL_CALLS,
     STREAM_WAIT_CALLS,
     SYNC_CALLS,
 )
 
-_NODES = """
-CREATE OR REPLACE TEMP TABLE _g_nodes AS
+
+def _names(names: tuple[str, ...]) -> str:
+    return ", ".join(f"'{n}'" for n in names)
+
+
+_BASE = """
+CREATE OR REPLACE TEMP TABLE _g_base AS
 WITH gloo AS (SELECT DISTINCT file, gloo_eid AS eid FROM {collectives}
               WHERE gloo_eid IS NOT NULL),
 base AS MATERIALIZED (
@@ -73,10 +80,6 @@ SELECT file, track_id, is_gpu, node, t, coalesce(wake, FALSE) AS wake,
 FROM pts WINDOW w AS (PARTITION BY file, track_id ORDER BY t, prio, node)
 """
 
-def _names(names: tuple[str, ...]) -> str:
-    return ", ".join(f"'{n}'" for n in names)
-
-
 _SYNC_NAMES = _names(SYNC_CALLS)
 _HELPERS = [
     """CREATE OR REPLACE TEMP TABLE _g_gpu AS
@@ -114,6 +117,58 @@ def at(t: str, eid: str = "0") -> str:
 def at_or_after(t: str) -> str:
     """The left key of ``at_or_after(a) >= at(b, eid)``, which holds when a >= b."""
     return at(t, "1099511627775")
+
+
+_POLL_NAMES = _names(POLL_CALLS)
+# Recorded poll loops that are host waits (tracetool.graph.POLL_CALLS): per thread, runs of
+# poll calls in start order with no other event starting between them and at most
+# HOST_POLL_GAP_NS from one's end to the next's start; a run that lasts HOST_WAIT_MIN_GAP_NS
+# and whose last call ends within HOST_WAIT_TOL_NS after a GPU op's end (few enough ops ended
+# in it: the host_wait chance test) waited for that op (src, ended at e_t). Only the threads
+# that made a poll call are windowed.
+_POLLS = f"""
+CREATE OR REPLACE TEMP TABLE _g_polls AS
+WITH t AS (SELECT DISTINCT file, track_id FROM _g_base WHERE name IN ({_POLL_NAMES})),
+seq AS (
+    SELECT b.file, b.track_id, b.eid, b.ts_ns, b.end_ns, b.depth,
+           b.name IN ({_POLL_NAMES}) AS poll,
+           lag(b.end_ns) OVER (PARTITION BY b.file, b.track_id
+                               ORDER BY b.ts_ns, b.depth, b.eid) AS p_end
+    FROM _g_base b SEMI JOIN t ON t.file = b.file AND t.track_id = b.track_id),
+runs AS (  -- any other event starts a new run (which its own row leaves out: not poll)
+    SELECT *, sum(CASE WHEN poll AND ts_ns - p_end <= {HOST_POLL_GAP_NS} THEN 0 ELSE 1 END)
+                  OVER (PARTITION BY file, track_id ORDER BY ts_ns, depth, eid) AS run
+    FROM seq),
+r AS (
+    SELECT file, track_id, min(ts_ns) AS ts_ns, max(end_ns) AS end_ns, count(*) AS n_calls
+    FROM runs WHERE poll GROUP BY file, track_id, run
+    HAVING max(end_ns) - min(ts_ns) >= {HOST_WAIT_MIN_GAP_NS}),
+ends AS (
+    SELECT file, eid, end_ns AS t, row_number() OVER (PARTITION BY file ORDER BY end_ns, eid) AS k
+    FROM _g_base WHERE is_gpu AND file IN (SELECT file FROM r)),
+hit AS (
+    SELECT r.*, e.eid AS src, e.t AS e_t, e.k FROM r
+    ASOF JOIN ends e ON e.file = r.file AND {at_or_after('r.end_ns')} >= {at('e.t', 'e.eid')}),
+counted AS (
+    SELECT h.*, h.k - coalesce(b.k, 0) AS n_in_run FROM hit h
+    ASOF LEFT JOIN ends b ON b.file = h.file
+                         AND {at_or_after('h.ts_ns')} >= {at('b.t', 'b.eid')})
+SELECT file, track_id, ts_ns, end_ns, n_calls, src, e_t FROM counted
+WHERE e_t > ts_ns AND end_ns - e_t <= {HOST_WAIT_TOL_NS}
+  AND n_in_run * {HOST_WAIT_TOL_NS * HOST_WAIT_CHANCE} <= end_ns - ts_ns
+"""
+
+# The graph's nodes: every event of _g_base but the calls of the poll loops of _g_polls (the
+# loop is a wait, a gap on its thread, not CPU work; host_wait ends it). No loop's calls
+# enclose another event, so no node's parent is left out (wake_start holds). Without such a
+# loop (nearly every rank), _g_base is renamed instead: no copy
+_NODES = f"""
+CREATE OR REPLACE TEMP TABLE _g_nodes AS
+SELECT * FROM _g_base b
+WHERE NOT EXISTS (SELECT 1 FROM _g_polls r
+                  WHERE r.file = b.file AND r.track_id = b.track_id AND b.ts_ns >= r.ts_ns
+                    AND b.end_ns <= r.end_ns AND b.name IN ({_POLL_NAMES}))
+"""
 
 # Each query gives (file, src_eid, src_point, dst_eid, dst_point, kind, lag_ns); every join
 # and ASOF join is within one file (a derivation batch holds several ranks' files).
@@ -239,15 +294,24 @@ FROM pair WHERE dst_eid IS NOT NULL AND dst_ts >= src_end""",
     # it (polling, spinning on pinned memory; a launch call blocked on a full launch queue
     # returns as an op ends and frees a slot), when few enough ops ended in the gap that the
     # coincidence is no chance (tracetool.graph.HOST_WAIT_*); sync calls, and a copy call's
-    # wait for its own copy, have their sync edge
+    # wait for its own copy, have their sync edge. The point after a recorded poll loop
+    # (_g_polls: its calls are no nodes) waited for the op its last call saw end (tested
+    # there; the latest loop, when several end in one hop)
     "host_wait": f"""
 WITH ends AS (
     SELECT file, eid, end_ns AS t, launch_eid,
            row_number() OVER (PARTITION BY file ORDER BY end_ns, eid) AS k
     FROM _g_gpu),
+polled AS (  -- the point after a poll loop: its hop on the thread spans the loop's end
+    SELECT c.file, c.node, c.t, r.src, r.e_t FROM _g_polls r
+    JOIN _g_chain c ON c.file = r.file AND c.track_id = r.track_id AND c.t >= r.end_ns
+                   AND (c.p_t IS NULL OR c.p_t < r.end_ns)
+    ANTI JOIN _g_sync_calls s ON s.file = c.file AND 2 * s.eid + 1 = c.node
+    QUALIFY row_number() OVER (PARTITION BY c.file, c.node ORDER BY r.end_ns DESC) = 1),
 gaps AS (
     SELECT c.file, c.node, c.t, c.p_t FROM _g_chain c
     ANTI JOIN _g_sync_calls s ON s.file = c.file AND 2 * s.eid + 1 = c.node
+    ANTI JOIN polled p ON p.file = c.file AND p.node = c.node
     WHERE NOT c.is_gpu AND c.t - c.p_t >= {HOST_WAIT_MIN_GAP_NS}),
 hit AS (
     SELECT g.*, e.eid AS src, e.t AS e_t, e.k, e.launch_eid FROM gaps g
@@ -258,7 +322,9 @@ counted AS (
 SELECT file, src, 'end', node // 2, {_PT.format('node')}, 'host_wait', t - e_t FROM counted
 WHERE e_t > p_t AND t - e_t <= {HOST_WAIT_TOL_NS}
   AND NOT (node % 2 = 1 AND launch_eid IS NOT DISTINCT FROM node // 2)  -- its own copy: sync
-  AND n_in_gap * {HOST_WAIT_TOL_NS * HOST_WAIT_CHANCE} <= t - p_t""",
+  AND n_in_gap * {HOST_WAIT_TOL_NS * HOST_WAIT_CHANCE} <= t - p_t
+UNION ALL
+SELECT file, src, 'end', node // 2, {_PT.format('node')}, 'host_wait', t - e_t FROM polled""",
     # only on a rank whose trace has no cuda_sync stream waits
     "comm_wait": f"""
 WITH k AS (SELECT g.* FROM _g_gpu g
@@ -317,7 +383,8 @@ FROM gaps g ASOF JOIN ends e ON e.file = g.file AND {at('g.t')} > {at('e.t', 'e.
 WHERE e.track_id <> g.track_id AND (g.p_t IS NULL OR e.t > g.p_t)""",
 }
 
-_TEMP = ("_g_nodes", "_g_chain", "_g_gpu", "_g_cuda_sync", "_g_runtime", "_g_sync_calls")
+_TEMP = ("_g_base", "_g_polls", "_g_nodes", "_g_chain", "_g_gpu", "_g_cuda_sync", "_g_runtime",
+         "_g_sync_calls")
 
 
 @contextmanager
@@ -328,7 +395,13 @@ def rank_graph(con: duckdb.DuckDBPyConnection, tables: dict[str, str]
     temp tables built here and dropped on exit. ``tables``: SQL reading the batch's written
     events, gpu_ops and collectives (with ``file``)."""
     try:
-        con.execute(_NODES.format(**tables))
+        con.execute(_BASE.format(**tables))
+        con.execute(_POLLS)
+        if con.execute("SELECT count(*) FROM _g_polls").fetchone() != (0,):
+            con.execute(_NODES)
+            con.execute("DROP TABLE _g_base")
+        else:
+            con.execute("ALTER TABLE _g_base RENAME TO _g_nodes")
         con.execute(_CHAIN)
         for sql in _HELPERS:
             con.execute(sql.format(**tables))

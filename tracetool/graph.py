@@ -23,7 +23,9 @@ EDGE_KINDS: dict[str, str] = {
                  "after a gap of at least HOST_WAIT_MIN_GAP_NS (idle, or inside an op's self "
                  "time) within HOST_WAIT_TOL_NS of that op's end, when so few GPU ops ended "
                  "in the gap that the coincidence is unlikely by chance (a polling loop, a "
-                 "spin on pinned memory: waiting, not CPU work)",
+                 "spin on pinned memory: waiting, not CPU work); a recorded poll loop (a run "
+                 "of POLL_CALLS lasting HOST_WAIT_MIN_GAP_NS whose last call ended within "
+                 "HOST_WAIT_TOL_NS of that op's end) is such a gap: its calls are no nodes",
     "collective": "start of the last-arriving rank's collective kernel or gloo span -> end "
                   "of every other rank's one (instances: collective_ranks.instance; "
                   "docs/collectives.md). The only kind between ranks: computed by the "
@@ -71,6 +73,14 @@ STREAM_WAIT_CALLS = ("cudaStreamWaitEvent", "cuStreamWaitEvent", "hipStreamWaitE
 HOST_WAIT_MIN_GAP_NS = 1_000_000
 HOST_WAIT_TOL_NS = 20_000
 HOST_WAIT_CHANCE = 20
+# poll loops (host_wait too): a run of these calls on one thread, nothing else recorded between
+# them and at most HOST_POLL_GAP_NS of unrecorded time between one's end and the next's start,
+# is one wait when it lasts HOST_WAIT_MIN_GAP_NS and its last call ends within HOST_WAIT_TOL_NS
+# of a GPU op's end (the same chance test): its calls are then no nodes of the graph, so the
+# run is a gap on its thread that the host_wait edge ends (docs/critical_path.md)
+POLL_CALLS = ("cudaEventQuery", "cudaStreamQuery", "cuEventQuery", "cuStreamQuery",
+              "hipEventQuery", "hipStreamQuery")
+HOST_POLL_GAP_NS = HOST_WAIT_TOL_NS
 
 SYNC_CALLS = (
     "cudaDeviceSynchronize", "cudaStreamSynchronize", "cudaEventSynchronize",

@@ -376,8 +376,9 @@ CP_NODES = Table(
     "cp_nodes",
     "The events whose start and end points are the nodes of the rank's dependency graph (the "
     "graph the critical path walks and the replay schedules; docs/critical_path.md): CPU "
-    "events on CPU threads and GPU ops, complete slices (ph X) only. Built at ingest, with "
-    "rank_edges.",
+    "events on CPU threads and GPU ops, complete slices (ph X) only, but the calls of a "
+    "recorded poll loop that waited for a GPU op (a host wait: a gap on its thread). Built "
+    "at ingest, with rank_edges.",
     (
         _c("eid", I64, "The event (events.eid)."),
         _c("track_id", I32, "Its track (tracks)."),

@@ -11,7 +11,11 @@ import duckdb
 from tracetool.analysis.chrome_trace import write_path_trace
 from tracetool.analysis.collectives import job_missing_ranks_note, warn_collectives
 from tracetool.analysis.connect import open_job
-from tracetool.analysis.critical_path import critical_path, unexplained_gap_warning
+from tracetool.analysis.critical_path import (
+    critical_path,
+    unexplained_gap_warning,
+    unresolved_stream_wait_warning,
+)
 from tracetool.analysis.windows import use_windows
 from tracetool.cli._errors import fail_for
 from tracetool.cli._job import window_options, windows_of
@@ -68,10 +72,10 @@ def critical_path_command(store: Path | str, job: str | None, step: int | None,
         report = summarize(job, rel)
         if segments:
             attach_segments(report, rel)
-        gap = unexplained_gap_warning(rel)
-        if gap:
-            click.echo(f"tracetool: warning: {gap}", err=True)
-            warnings.append(gap)
+        for note in (unexplained_gap_warning(rel), unresolved_stream_wait_warning(con, job)):
+            if note:
+                click.echo(f"tracetool: warning: {note}", err=True)
+                warnings.append(note)
         written = None
         if chrome:
             written = write_path_trace(con, job, rel.to_arrow_table(), chrome)
