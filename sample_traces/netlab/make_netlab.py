@@ -1841,12 +1841,12 @@ def trace_structure_problems(path: Path, trace: dict, s: dict, rank: int) -> lis
     return problems
 
 
-def check_outputs(measured: dict, out_dir: Path, names: list[str] | None = None) -> list[str]:
+def check_outputs(measured: dict, out_dir: Path, only: list[str] | None = None) -> list[str]:
     """Every trace is there and complete; the delay was what was asked; nothing dropped (the
-    settings ``names``, by default all)."""
+    settings ``only``, by default all)."""
     problems = []
     for name, s in measured["settings"].items():
-        if names is not None and name not in names:
+        if only is not None and name not in only:
             continue
         for rank in range(s["world_size"]):
             path = out_dir / s["dir"] / f"rank{rank}.pt.trace.json.gz"
