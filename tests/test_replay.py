@@ -45,9 +45,9 @@ for _k, _m in NETLAB_MEASURED.items():
                for o in NETLAB_IDENTITY.values()):
         NETLAB_IDENTITY[_k] = _m
 # the critical path's parts of a pipeline step (gloo send/recv) add up to more than the step
-# (about 1.8x on every pipeline job): a replay bug, kept visible until it is fixed
+# (1.7-2.0x on the pipeline jobs): a replay bug, kept visible until it is fixed
 CP_OVERCOUNT = pytest.mark.xfail(strict=True, reason="critical path over-counts a pipeline "
-                                 "step's send/recv waits (sum of parts ~1.8x the step)")
+                                 "step's send/recv waits (sum of parts 1.7-2.0x the step)")
 GLOO_NET = "gpus_per_node=1,inter_node_bw=1Gbit/s"
 
 
