@@ -27,12 +27,20 @@ What it builds
 What it runs
     Settings are named ``<rate>`` (2 ranks, DDP, no delay: the original ``bw_<rate>/``),
     ``lat_<rate>_<delay>`` (the same job with an added one-way delay, e.g. ``lat_1gbit_5ms``),
-    ``w4_<rate>[_<delay>]`` (the same DDP job on 4 ranks) and ``a2a_<rate>[_<delay>]`` (a
-    4-rank mixture-of-experts step with all-to-all). Every rank is a process started with
-    ``ip netns exec netlab-r<R> [taskset -c <R mod ncpu>] <python> make_netlab.py --worker R``,
-    ``GLOO_SOCKET_IFNAME=veth0``, ``MASTER_ADDR=198.18.0.1``, ``MASTER_PORT=29500``, gloo
-    backend, ``torch.set_num_threads(1)``; 4-rank jobs are pinned (taskset) two ranks per core,
-    2-rank jobs are not (as in the original data).
+    ``w4_<rate>[_<delay>]`` / ``w8_...`` (the same DDP job on 4 / 8 ranks),
+    ``a2a_<rate>[_<delay>]`` (a 4-rank mixture-of-experts step with all-to-all), and the
+    jobs of the second capture (issues 27 and 28): ``b1_...`` (DDP, one 16.8 MB gradient
+    bucket), ``bs_...`` (DDP over 16 layers of 1 MiB, ``bucket_cap_mb=1``: 17 buckets),
+    ``m2_...`` (a 1.06 M-parameter MLP, batch 512 per rank, 2 intra-op threads),
+    ``skew<z>_...`` (the all-to-all job with Zipf(z)-skewed routing and split sizes) and
+    ``pp<1f1b|gpipe><M>_...[_2dc]`` (a 4-stage send/recv pipeline, schedule and microbatches;
+    ``_2dc``: the delay only between ranks {0, 1} and {2, 3}). JOBS, skew_counts,
+    pipe_schedule and pipe_job say exactly what each runs. Every rank is a process started
+    with ``ip netns exec netlab-r<R> [taskset -c <R mod ncpu>] <python> make_netlab.py
+    --worker R``, ``GLOO_SOCKET_IFNAME=veth0``, ``MASTER_ADDR=198.18.0.1``,
+    ``MASTER_PORT=29500``, gloo backend, ``torch.set_num_threads(T)`` (T = 1 but for ``m2``);
+    jobs with more ranks than cores are pinned (taskset) 2 or 4 ranks per core, 2-rank jobs
+    are not (as in the original data).
 
     ``ddp_allreduce``: the same MLP (512 -> 2048 -> 1024 -> 1024 -> 10, 4,208,650 float32
     parameters, 16.8 MB of gradients) in ``DistributedDataParallel`` with ``bucket_cap_mb=4``,
@@ -81,8 +89,10 @@ How to run
             --settings lat_1gbit_5ms,w4_1gbit,a2a_1gbit_2ms --repeats 1 --out /tmp/netlab
 
     The default ``--out`` is the directory of this script; ``--tables measured.json`` prints
-    the README's tables of a run. The full default run (17 settings x 3 repeats) is estimated
-    at 10-12 minutes on an idle 2-core machine. Seeds make the model, data
+    the README's tables of a run. The default settings are the second capture's 22
+    (``--settings original`` the first's 17, ``default,original`` both); a run keeps the
+    settings of an existing ``measured.json`` it does not capture (``--replace``: not), each
+    with the capture it came from. See README.md for the run time. Seeds make the model, data
     and op sequence repeatable; timings, timestamps, pids/tids naturally differ from run to run.
 """
 
@@ -110,25 +120,59 @@ from pathlib import Path
 
 SEED = 1234
 LAYERS = (512, 2048, 1024, 1024, 10)
-DDP_GLOBAL_BATCH = 256  # 128 per rank on 2 ranks (the original job), 64 on 4
+DEEP_LAYERS = (512,) * 17 + (10,)  # 16 Linear(512, 512) + a head: 16.8 MB, ~1 MiB per layer
+SMALL_LAYERS = (1024, 512, 512, 512, 10)  # 1,055,242 parameters, 4.2 MB of gradients
+DDP_GLOBAL_BATCH = 256  # 128 per rank on 2 ranks (the original job), 64 on 4, 32 on 8
 BUCKET_CAP_MB = 4
 MOE_TOKENS, MOE_HIDDEN, MOE_FFN, MOE_CLASSES = 1024, 256, 512, 10  # per rank
+PIPE_WIDTH, PIPE_LAYERS, PIPE_MB_ROWS, PIPE_CLASSES = 1024, 2, 64, 10  # per stage / microbatch
 WAIT, WARMUP, ACTIVE = 1, 1, 6
 PROFILED_ITERS = WAIT + WARMUP + ACTIVE + 1  # one extra step after the active window closes
 UNPROFILED_ITERS = 10
 DDP, MOE = "ddp_allreduce", "moe_all_to_all"
-DEFAULT_SETTINGS = ",".join([
+KIND_DDP, KIND_MOE, KIND_PIPE = "ddp", "moe", "pipeline"  # the code path a job runs
+# the jobs by setting prefix: (pattern, i.e. the job's name in measured.json; world size; code
+# path; parameters, over the code path's defaults). '' is the original 2-rank DDP job (bw_*,
+# lat_*); skew<z> and pp<schedule><M> take their parameter from the prefix.
+JOBS: dict[str, tuple[str, int, str, dict]] = {
+    "": (DDP, 2, KIND_DDP, {}),
+    "w4": (DDP, 4, KIND_DDP, {}),
+    "w8": (DDP, 8, KIND_DDP, {}),
+    "a2a": (MOE, 4, KIND_MOE, {}),
+    "b1": ("ddp_one_bucket", 2, KIND_DDP, {"bucket_cap_mb": 25}),
+    "bs": ("ddp_small_buckets", 2, KIND_DDP, {"bucket_cap_mb": 1, "layers": DEEP_LAYERS}),
+    "m2": ("ddp_small_model_2threads", 2, KIND_DDP,
+           {"layers": SMALL_LAYERS, "global_batch": 1024, "threads": 2}),
+}
+# 2 ranks x 2 intra-op threads = 4 threads on 2 cores: with libgomp's default spin-waiting a
+# parallel region waits for a descheduled thread; measured here (2 processes, the 2-thread
+# job's MLP, batch 512, on a loaded machine): 2.3 s a step spinning, 0.25-0.36 s passive
+OMP_WAIT_POLICY = "PASSIVE"
+DDP_DEFAULTS = {"bucket_cap_mb": BUCKET_CAP_MB, "layers": LAYERS,
+                "global_batch": DDP_GLOBAL_BATCH, "threads": 1}
+# the settings of the original run (2026-12-01), kept in measured.json by later runs
+ORIGINAL_SETTINGS = ",".join([
     "2gbit", "1gbit", "500mbit", "200mbit",  # bandwidth, 2 ranks (bw_<rate>/)
     "lat_1gbit_1ms", "lat_1gbit_2ms", "lat_1gbit_5ms", "lat_1gbit_10ms",  # + one-way delay
     "lat_200mbit_5ms", "lat_2gbit_5ms",  # bandwidth x latency
     "w4_1gbit", "w4_500mbit", "w4_1gbit_5ms",  # 4 ranks
     "a2a_1gbit", "a2a_500mbit", "a2a_1gbit_2ms", "a2a_1gbit_5ms",  # all-to-all, 4 ranks
 ])
+# the settings of the second run (issues 27 and 28): new jobs, 10 Gbit/s and 5 ms one-way
+DEFAULT_SETTINGS = ",".join([
+    "10gbit", "w4_10gbit",  # 10 Gbit/s for the original DDP families
+    "b1_1gbit", "b1_10gbit", "b1_1gbit_5ms",  # one 16.8 MB gradient bucket
+    "bs_1gbit", "bs_10gbit", "bs_1gbit_5ms",  # 16 buckets of ~1 MiB
+    "m2_1gbit", "m2_10gbit", "m2_1gbit_5ms",  # a smaller model, more compute, 2 threads
+    "w8_1gbit", "w8_10gbit", "w8_1gbit_5ms",  # 8 ranks
+    "skew1_1gbit", "skew1_200mbit", "skew2_1gbit", "skew2_200mbit",  # skewed all-to-all
+    "pp1f1b4_1gbit", "pp1f1b8_1gbit", "ppgpipe4_1gbit", "pp1f1b4_1gbit_5ms_2dc",  # pipeline
+])
 DEFAULT_REPEATS = 3
 DEFAULT_OUT = Path(__file__).resolve().parent
 HERE = Path(__file__).resolve().parent
 
-MAX_WORLD = 4
+MAX_WORLD = 8
 NS_SWITCH = "netlab-sw"
 NS_RANK = [f"netlab-r{r}" for r in range(MAX_WORLD)]
 RANK_IF = "veth0"
@@ -167,35 +211,75 @@ class Setting:
     rate: str  # tc rate
     delay_us: float  # added one-way delay
     world: int
-    pattern: str  # DDP or MOE
+    pattern: str  # the job's name (DDP, MOE, or a name from JOBS)
+    kind: str = KIND_DDP  # the code path: KIND_DDP, KIND_MOE or KIND_PIPE
+    params: str = "{}"  # the job's parameters over its code path's defaults (JSON, sorted)
+    dc_split: int = 0  # > 0: the delay only between ranks [0, dc_split) and [dc_split, world)
 
     @property
     def family(self) -> tuple[str, int]:
-        """Settings of one family run the same job, so their traces replay onto each other."""
+        """Settings of one family run the same job, so their traces replay onto each other
+        (the pattern names the job: the same pattern and world size is the same code and
+        parameters)."""
         return self.pattern, self.world
 
+    @property
+    def job(self) -> dict:
+        return json.loads(self.params)
 
-_SETTING = re.compile(r"^(?:(bw|lat|w4|a2a)_)?(\d+(?:\.\d+)?[kmg]?bit)"
-                      r"(?:_(\d+(?:\.\d+)?)(ms|us))?$")
+
+_SETTING = re.compile(r"^(?:(bw|lat|w4|w8|a2a|b1|bs|m2|skew\d+(?:\.\d+)?|pp(?:1f1b|gpipe)\d+)_)?"
+                      r"(\d+(?:\.\d+)?[kmg]?bit)(?:_(\d+(?:\.\d+)?)(ms|us))?(_2dc)?$")
 
 
 def parse_setting(text: str) -> Setting:
     """'1gbit' / 'bw_1gbit' (2 ranks, DDP, no delay: dir bw_1gbit), 'lat_1gbit_5ms', 'w4_1gbit',
-    'w4_1gbit_5ms', 'a2a_1gbit_2ms' (4 ranks, all-to-all)."""
+    'w8_1gbit_5ms', 'a2a_1gbit_2ms' (4 ranks, all-to-all), 'b1_10gbit', 'bs_1gbit', 'm2_1gbit'
+    (the DDP variants of JOBS), 'skew2_200mbit' (all-to-all with Zipf-skewed routing, exponent
+    2), 'pp1f1b4_1gbit' / 'ppgpipe4_1gbit' (pipeline, schedule and microbatches), and a
+    pipeline with '_2dc': the delay only between ranks {0, 1} and {2, 3}."""
     m = _SETTING.match(text.strip().lower())
     if not m:
         raise ValueError(f"bad setting {text!r}: use e.g. 1gbit, lat_1gbit_5ms, w4_1gbit, "
-                         "a2a_1gbit_2ms")
-    kind, rate, num, unit = m.groups()
+                         "a2a_1gbit_2ms, b1_10gbit, skew2_1gbit, pp1f1b4_1gbit_5ms_2dc")
+    prefix, rate, num, unit, dc = m.groups()
     delay_us = float(num) * (1000.0 if unit == "ms" else 1.0) if num else 0.0
     rate_bits(rate)
-    if kind in (None, "bw", "lat") and delay_us == 0:
-        return Setting(rate, f"bw_{rate}", rate, 0.0, 2, DDP)
-    if kind in (None, "bw", "lat"):
-        name = f"lat_{rate}_{num}{unit}"
+    suffix = (f"_{num}{unit}" if delay_us else "") + (dc or "")
+    if dc and not (prefix or "").startswith("pp"):
+        raise ValueError(f"bad setting {text!r}: _2dc is for the pipeline jobs (pp...)")
+    if dc and not delay_us:
+        raise ValueError(f"bad setting {text!r}: _2dc needs a delay between the two halves")
+    if prefix in (None, "bw", "lat"):
+        if delay_us == 0:
+            return Setting(rate, f"bw_{rate}", rate, 0.0, 2, DDP)
+        name = f"lat_{rate}{suffix}"
         return Setting(name, name, rate, delay_us, 2, DDP)
-    name = f"{kind}_{rate}" + (f"_{num}{unit}" if delay_us else "")
-    return Setting(name, name, rate, delay_us, 4, MOE if kind == "a2a" else DDP)
+    name = f"{prefix}_{rate}{suffix}"
+    if prefix.startswith("skew"):
+        zipf = float(prefix[4:])
+        pattern, world, kind, params = f"moe_skewed_zipf{zipf:g}", 4, KIND_MOE, {"zipf": zipf}
+    elif prefix.startswith("pp"):
+        sched, mbs = re.match(r"pp(1f1b|gpipe)(\d+)", prefix).groups()
+        if int(mbs) < 1:
+            raise ValueError(f"bad setting {text!r}: at least one microbatch")
+        pattern, world, kind = f"pipeline_{sched}_mb{mbs}", 4, KIND_PIPE
+        params = {"schedule": sched, "microbatches": int(mbs)}
+    else:
+        pattern, world, kind, params = JOBS[prefix]
+    return Setting(name, name, rate, delay_us, world, pattern, kind,
+                   json.dumps(params, sort_keys=True), world // 2 if dc else 0)
+
+
+def expand_settings(text: str) -> list[str]:
+    """--settings: names, and 'default' / 'original' for those lists."""
+    out = []
+    for part in (p.strip() for p in text.split(",")):
+        if part in ("default", "original"):
+            out += (DEFAULT_SETTINGS if part == "default" else ORIGINAL_SETTINGS).split(",")
+        elif part:
+            out.append(part)
+    return out
 
 
 def rate_bits(setting: str) -> float:
@@ -214,10 +298,17 @@ def spec_bandwidth(bits: float) -> str:
     return f"{bits / 1e6:g}Mbit/s"
 
 
-def network_spec(bits: float, one_way_us: float) -> str:
-    """The tracetool network spec of a setting (replay/network.py parse_network syntax)."""
-    return (f"gpus_per_node=1,inter_node_bw={spec_bandwidth(bits)},"
+def network_spec(bits: float, one_way_us: float, dc_split: int = 0,
+                 dc_one_way_us: float = 0.0) -> str:
+    """The tracetool network spec of a setting (replay/network.py parse_network syntax); with
+    a split, ranks [0, dc_split) and [dc_split, n) are two datacenters whose link adds
+    dc_latency = its one-way latency minus the link's own (``one_way_us``)."""
+    spec = (f"gpus_per_node=1,inter_node_bw={spec_bandwidth(bits)},"
             f"inter_node_latency={round(one_way_us)}us")
+    if dc_split:
+        spec += (f",ranks_per_dc={dc_split},dc_bw={spec_bandwidth(bits)},"
+                 f"dc_latency={round(dc_one_way_us - one_way_us)}us")
+    return spec
 
 
 # --------------------------------------------------------------------------------------------
@@ -352,14 +443,32 @@ class DelayLines:
 
     running: list[DelayLines] = []  # so teardown() can stop them on any exit
 
-    def __init__(self, exe: Path, delay_us: float, world: int, log_dir: Path) -> None:
+    def __init__(self, exe: Path, delay_us: float, world: int, log_dir: Path,
+                 dc_split: int = 0) -> None:
         self.exe, self.delay_us, self.world, self.log_dir = exe, delay_us, world, log_dir
+        self.dc_split = dc_split
         self.procs: list[subprocess.Popen] = []
         self.rules: list[str] = []
 
-    def rule(self, rank: int, op: str) -> list[str]:
-        return in_ns(NS_RANK[rank], IPTABLES, "-t", "mangle", op, "PREROUTING", "-i", RANK_IF,
-                     "-j", "NFQUEUE", "--queue-num", str(rank))
+    def peers(self, rank: int) -> list[int | None]:
+        """The ranks whose packets ``rank`` delays: every one ([None]: no source match), or
+        with a split only those on the other side of it."""
+        if not self.dc_split:
+            return [None]
+        mine = rank < self.dc_split
+        return [q for q in range(self.world) if (q < self.dc_split) != mine]
+
+    def rules_of(self, rank: int, op: str) -> list[list[str]]:
+        return [in_ns(NS_RANK[rank], IPTABLES, "-t", "mangle", op, "PREROUTING", "-i", RANK_IF,
+                      *(["-s", f"{rank_addr(q)}/32"] if q is not None else []),
+                      "-j", "NFQUEUE", "--queue-num", str(rank))
+                for q in self.peers(rank)]
+
+    def rule_text(self) -> str:
+        src = (" -s <address of each rank on the other side of the split>" if self.dc_split
+               else "")
+        return (f"{IPTABLES} -t mangle -A PREROUTING -i {RANK_IF}{src} -j NFQUEUE "
+                "--queue-num <rank>")
 
     def start(self) -> DelayLines:
         DelayLines.running.append(self)
@@ -376,11 +485,12 @@ class DelayLines:
             if not line.startswith("ready"):
                 raise RuntimeError(f"delay line of rank {rank} did not start: {line!r} "
                                    f"{(self.log_dir / f'delayline{rank}.err').read_text()}")
-            res = sh(*self.rule(rank, "-A"), check=False)
-            if res.returncode != 0:
-                raise RuntimeError(f"{IPTABLES} NFQUEUE rule failed in {NS_RANK[rank]}: "
-                                   f"{res.stderr.strip()} (install: {INSTALL_HINT})")
             self.rules.append(NS_RANK[rank])
+            for cmd in self.rules_of(rank, "-A"):
+                res = sh(*cmd, check=False)
+                if res.returncode != 0:
+                    raise RuntimeError(f"{IPTABLES} NFQUEUE rule failed in {NS_RANK[rank]}: "
+                                       f"{res.stderr.strip()} (install: {INSTALL_HINT})")
         return self
 
     def cpu_s(self) -> float:
@@ -396,7 +506,8 @@ class DelayLines:
         kernel = [nfqueue_counters(NS_RANK[r], r) for r in range(len(self.procs))]
         cpu = [proc_cpu_s(p.pid) for p in self.procs]
         for rank in range(len(self.rules)):
-            sh(*self.rule(rank, "-D"), check=False)
+            for cmd in self.rules_of(rank, "-D"):
+                sh(*cmd, check=False)
         self.rules = []
         stats = []
         for rank, p in enumerate(self.procs):
@@ -500,11 +611,12 @@ def pingpong(script: str, server_ns: str, client_ns: str, addr: str, port: int,
     return json.loads(out)
 
 
-def measure_rtt(script: str, delayed: bool) -> dict:
-    """1-byte TCP ping-pong from rank 0's namespace to rank 1's, through the bridge, and the
-    same over rank 0's own loopback (the Python + TCP stack cost; never delayed)."""
+def measure_rtt(script: str, delayed: bool, peer: int = 1) -> dict:
+    """1-byte TCP ping-pong from rank 0's namespace to rank ``peer``'s, through the bridge, and
+    the same over rank 0's own loopback (the Python + TCP stack cost; never delayed)."""
     rounds, warmup = PINGPONG["delayed" if delayed else "plain"]
-    res = pingpong(script, NS_RANK[1], NS_RANK[0], rank_addr(1), PINGPONG_PORT, rounds, warmup)
+    res = pingpong(script, NS_RANK[peer], NS_RANK[0], rank_addr(peer), PINGPONG_PORT, rounds,
+                   warmup)
     lo = pingpong(script, NS_RANK[0], NS_RANK[0], "127.0.0.1", PINGPONG_PORT + 1,
                   *PINGPONG["plain"])
     res["loopback_rtt_ns_median"] = lo["rtt_ns_median"]
@@ -515,30 +627,33 @@ def measure_rtt(script: str, delayed: bool) -> dict:
 # the jobs (one rank; runs inside its namespace)
 
 
-def build_mlp():
+def build_mlp(layers: tuple[int, ...] = LAYERS):
     from torch import nn
 
     mods = []
-    for i, (a, b) in enumerate(zip(LAYERS, LAYERS[1:], strict=False)):
+    for i, (a, b) in enumerate(zip(layers, layers[1:], strict=False)):
         mods.append(nn.Linear(a, b))
-        if i < len(LAYERS) - 2:
+        if i < len(layers) - 2:
             mods.append(nn.ReLU())
     return nn.Sequential(*mods)
 
 
-def ddp_job(rank: int, world: int, iters: int):
-    """DDP over the MLP: returns (step(i) -> local loss tensor, parameters, info)."""
+def ddp_job(rank: int, world: int, iters: int, params: dict):
+    """DDP over an MLP: returns (step(i) -> local loss tensor, info). The original job is
+    DDP_DEFAULTS; JOBS' variants change the bucket cap, the layers, the batch, the threads."""
     import torch
     from torch import nn
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    batch = DDP_GLOBAL_BATCH // world
-    model = DDP(build_mlp(), bucket_cap_mb=BUCKET_CAP_MB)
+    p = {**DDP_DEFAULTS, **params}
+    layers = tuple(p["layers"])
+    batch = p["global_batch"] // world
+    model = DDP(build_mlp(layers), bucket_cap_mb=p["bucket_cap_mb"])
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     loss_fn = nn.CrossEntropyLoss()
     gen = torch.Generator().manual_seed(SEED + rank)
-    batches = [(torch.randn(batch, LAYERS[0], generator=gen),
-                torch.randint(0, LAYERS[-1], (batch,), generator=gen)) for _ in range(iters)]
+    batches = [(torch.randn(batch, layers[0], generator=gen),
+                torch.randint(0, layers[-1], (batch,), generator=gen)) for _ in range(iters)]
 
     def step(i: int):
         x, y = batches[i]
@@ -552,12 +667,42 @@ def ddp_job(rank: int, world: int, iters: int):
     return step, {"nparams": nparams, "grad_bytes": nparams * 4, "batch_per_rank": batch}
 
 
-def moe_job(rank: int, world: int, iters: int):
+def skew_shares(zipf: float, experts: int) -> list[float]:
+    """Each expert's share of the tokens: Zipf over the experts' popularity ranks (1 = the
+    hottest), the popularity order a seeded permutation of the experts."""
+    import random
+
+    order = random.Random(SEED).sample(range(experts), experts)  # order[0]: the hottest
+    weight = {e: 1.0 / (k + 1) ** zipf for k, e in enumerate(order)}
+    total = sum(weight.values())
+    return [weight[e] / total for e in range(experts)]
+
+
+def skew_counts(zipf: float, world: int, tokens: int = MOE_TOKENS) -> list[list[int]]:
+    """counts[src][e]: tokens rank src routes to expert e (the expert on rank e): each of
+    src's tokens draws its expert from skew_shares (random.Random(SEED * 1000 + src)), once:
+    the routing is the same every step. Pure Python, so anyone can recompute it."""
+    import random
+
+    shares = skew_shares(zipf, world)
+    out = []
+    for src in range(world):
+        picks = random.Random(SEED * 1000 + src).choices(range(world), weights=shares, k=tokens)
+        out.append([picks.count(e) for e in range(world)])
+    return out
+
+
+def moe_job(rank: int, world: int, iters: int, params: dict):
     """A mixture-of-experts layer with expert parallelism: dispatch and combine all-to-alls
-    around this rank's expert, shared layers averaged with one flat allreduce."""
+    around this rank's expert, shared layers averaged with one flat allreduce. With
+    params['zipf'] the routing is skewed (skew_counts): the all-to-alls carry split sizes and
+    each rank's expert computes on the tokens it received."""
     import torch
     import torch.distributed as dist
     from torch import nn
+
+    zipf = params.get("zipf")
+    counts = skew_counts(zipf, world) if zipf is not None else None
 
     class AllToAll(torch.autograd.Function):
         """Equal-split all_to_all_single; its gradient is the same exchange backwards."""
@@ -574,6 +719,26 @@ def moe_job(rank: int, world: int, iters: int):
             dist.all_to_all_single(out, g.contiguous())
             return out
 
+    class AllToAllSplit(torch.autograd.Function):
+        """all_to_all_single with split sizes (rows); backward swaps them."""
+
+        @staticmethod
+        def forward(ctx, x, in_splits, out_splits):
+            ctx.splits = (in_splits, out_splits)
+            out = x.new_empty((sum(out_splits), x.shape[1]))
+            dist.all_to_all_single(out, x.contiguous(), out_splits, in_splits)
+            return out
+
+        @staticmethod
+        def backward(ctx, g):
+            in_splits, out_splits = ctx.splits
+            out = g.new_empty((sum(in_splits), g.shape[1]))
+            dist.all_to_all_single(out, g.contiguous(), in_splits, out_splits)
+            return out, None, None
+
+    send = counts[rank] if counts else None  # rows to each expert (tokens sorted by expert)
+    recv = [counts[src][rank] for src in range(world)] if counts else None
+
     class MoE(nn.Module):
         def __init__(self) -> None:
             super().__init__()
@@ -586,8 +751,12 @@ def moe_job(rank: int, world: int, iters: int):
 
         def forward(self, x):
             h = torch.relu(self.inp(x))
-            routed = AllToAll.apply(h)  # dispatch: tokens [j*T/n, (j+1)*T/n) to rank j
-            back = AllToAll.apply(self.expert(routed))  # combine
+            if counts is None:
+                routed = AllToAll.apply(h)  # dispatch: tokens [j*T/n, (j+1)*T/n) to rank j
+                back = AllToAll.apply(self.expert(routed))  # combine
+            else:  # tokens [sum(send[:j]), sum(send[:j+1])) to rank j's expert
+                routed = AllToAllSplit.apply(h, send, recv)
+                back = AllToAllSplit.apply(self.expert(routed), recv, send)
             return self.head(h + back)
 
     model = MoE()
@@ -615,12 +784,151 @@ def moe_job(rank: int, world: int, iters: int):
         return loss
 
     nshared = sum(p.numel() for p in shared)
-    return step, {"nparams": sum(p.numel() for p in model.parameters()),
-                  "shared_params": nshared, "grad_bytes": nshared * 4,
-                  "a2a_bytes": MOE_TOKENS * MOE_HIDDEN * 4, "tokens_per_rank": MOE_TOKENS}
+    info = {"nparams": sum(p.numel() for p in model.parameters()),
+            "shared_params": nshared, "grad_bytes": nshared * 4,
+            "a2a_bytes": MOE_TOKENS * MOE_HIDDEN * 4, "tokens_per_rank": MOE_TOKENS}
+    if counts:
+        info.update(split_counts=counts, expert_tokens=sum(recv))
+    return step, info
 
 
-def run_worker(rank: int, world: int, pattern: str, tmp_dir: Path) -> None:
+def pipe_schedule(schedule: str, stage: int, stages: int, mbs: int) -> list[tuple]:
+    """A stage's actions in order: ('comm', sends, recvs) with sends / recvs lists of
+    ('fwd'|'bwd', microbatch) (a forward activation goes to stage + 1, a gradient to stage - 1;
+    sends and receives of one action are posted together and waited for together, as
+    Megatron's batched p2p does), ('fwd', mb), ('bwd', mb). GPipe: every forward, then every
+    backward (microbatches in order); 1F1B (PipeDream-flush, Megatron's non-interleaved
+    schedule): stages - stage - 1 warm-up forwards, then one forward and one backward in
+    turn, then the remaining backwards."""
+    first, last = stage == 0, stage == stages - 1
+    out: list[tuple] = []
+
+    def comm(sends: list, recvs: list) -> None:
+        sends = [s for s in sends if (s[0] == "fwd" and not last) or (s[0] == "bwd" and not first)]
+        recvs = [r for r in recvs if (r[0] == "fwd" and not first) or (r[0] == "bwd" and not last)]
+        if sends or recvs:
+            out.append(("comm", sends, recvs))
+
+    if schedule == "gpipe":
+        for mb in range(mbs):
+            comm([], [("fwd", mb)])
+            out.append(("fwd", mb))
+            comm([("fwd", mb)], [])
+        for mb in range(mbs):
+            comm([], [("bwd", mb)])
+            out.append(("bwd", mb))
+            comm([("bwd", mb)], [])
+        return out
+    if schedule != "1f1b":
+        raise ValueError(f"unknown schedule {schedule!r}")
+    warm = min(stages - stage - 1, mbs)
+    steady = mbs - warm
+    for mb in range(warm):
+        comm([], [("fwd", mb)])
+        out.append(("fwd", mb))
+        comm([("fwd", mb)], [])
+    if steady:
+        comm([], [("fwd", warm)])
+    for k in range(steady):
+        f, b = warm + k, k
+        out.append(("fwd", f))
+        comm([("fwd", f)], [("bwd", b)])
+        out.append(("bwd", b))
+        if k == steady - 1:
+            comm([("bwd", b)], [])
+        else:
+            comm([("bwd", b)], [("fwd", f + 1)])
+    for b in range(steady, mbs):
+        comm([], [("bwd", b)])
+        out.append(("bwd", b))
+        comm([("bwd", b)], [])
+    return out
+
+
+def pipe_job(rank: int, world: int, iters: int, params: dict):
+    """Pipeline parallel: stage = rank, PIPE_LAYERS x (Linear(W, W), ReLU) per stage (the
+    last adds a Linear(W, 10) head and the loss), microbatches of PIPE_MB_ROWS rows, moved
+    between stages with gloo isend/irecv (tag = the microbatch); each microbatch's compute
+    is in a record_function 'fwd_mb<i>' / 'bwd_mb<i>'."""
+    import torch
+    import torch.distributed as dist
+    from torch import nn
+    from torch.profiler import record_function
+
+    schedule, mbs = params["schedule"], params["microbatches"]
+    first, last = rank == 0, rank == world - 1
+    torch.manual_seed(SEED + 200 + rank)
+    mods: list = []
+    for _ in range(PIPE_LAYERS):
+        mods += [nn.Linear(PIPE_WIDTH, PIPE_WIDTH), nn.ReLU()]
+    if last:
+        mods.append(nn.Linear(PIPE_WIDTH, PIPE_CLASSES))
+    stage = nn.Sequential(*mods)
+    opt = torch.optim.SGD(stage.parameters(), lr=0.01, momentum=0.9)
+    loss_fn = nn.CrossEntropyLoss()
+    gen = torch.Generator().manual_seed(SEED)
+    data = [[(torch.randn(PIPE_MB_ROWS, PIPE_WIDTH, generator=gen),
+              torch.randint(0, PIPE_CLASSES, (PIPE_MB_ROWS,), generator=gen))
+             for _ in range(mbs)] for _ in range(iters)]
+    plan = pipe_schedule(schedule, rank, world, mbs)
+    shape = (PIPE_MB_ROWS, PIPE_WIDTH)
+
+    def step(i: int):
+        opt.zero_grad(set_to_none=True)
+        inbox: dict[tuple, torch.Tensor] = {}  # ('fwd'|'bwd', mb) -> received tensor
+        saved: dict[int, tuple] = {}  # mb -> (input, output or loss)
+        outbox: dict[tuple, torch.Tensor] = {}  # ('fwd'|'bwd', mb) -> tensor to send
+        total = torch.zeros(())
+        for action in plan:
+            if action[0] == "comm":
+                _, sends, recvs = action
+                works = []
+                for kind, mb in sends:
+                    peer = rank + 1 if kind == "fwd" else rank - 1
+                    works.append(dist.isend(outbox.pop((kind, mb)), peer, tag=mb))
+                for kind, mb in recvs:
+                    peer = rank - 1 if kind == "fwd" else rank + 1
+                    inbox[(kind, mb)] = buf = torch.empty(shape)
+                    works.append(dist.irecv(buf, peer, tag=mb))
+                for w in works:
+                    w.wait()
+            elif action[0] == "fwd":
+                mb = action[1]
+                with record_function(f"fwd_mb{mb}"):
+                    if first:
+                        x = data[i][mb][0]
+                    else:
+                        x = inbox.pop(("fwd", mb)).requires_grad_()
+                    y = stage(x)
+                    if last:
+                        y = loss_fn(y, data[i][mb][1]) / mbs
+                        total = total + y.detach()
+                    else:
+                        outbox[("fwd", mb)] = y.detach()
+                saved[mb] = (x, y)
+            else:
+                mb = action[1]
+                with record_function(f"bwd_mb{mb}"):
+                    x, y = saved.pop(mb)
+                    if last:
+                        y.backward()
+                    else:
+                        y.backward(inbox.pop(("bwd", mb)))
+                    if not first:
+                        outbox[("bwd", mb)] = x.grad
+        opt.step()
+        return total * world  # the loss allreduce's mean is then the last stage's loss
+
+    nparams = sum(p.numel() for p in stage.parameters())
+    sends = sum(len(a[1]) for a in plan if a[0] == "comm")
+    recvs = sum(len(a[2]) for a in plan if a[0] == "comm")
+    return step, {"nparams": nparams, "grad_bytes": 0, "batch_per_rank": PIPE_MB_ROWS * mbs,
+                  "schedule": schedule, "microbatches": mbs, "sends_per_step": sends,
+                  "recvs_per_step": recvs, "message_bytes": PIPE_MB_ROWS * PIPE_WIDTH * 4,
+                  "plan": [list(a) if a[0] != "comm" else ["comm", a[1], a[2]] for a in plan]}
+
+
+def run_worker(rank: int, world: int, kind: str, params: dict, tmp_dir: Path) -> None:
     marks = {"start": time.time()}  # wall clock at each phase's end, for the run's breakdown
     from datetime import timedelta
 
@@ -628,14 +936,15 @@ def run_worker(rank: int, world: int, pattern: str, tmp_dir: Path) -> None:
     import torch.distributed as dist
     from torch.profiler import ProfilerActivity, profile, schedule
 
-    torch.set_num_threads(1)  # one core's worth per rank at most: keep pools from fighting
+    # one core's worth per rank at most (the original jobs): keep pools from fighting
+    torch.set_num_threads(params.get("threads", 1))
     torch.manual_seed(SEED)
     marks["imported"] = time.time()
     dist.init_process_group("gloo", rank=rank, world_size=world,
                             timeout=timedelta(seconds=RUN_TIMEOUT_S))
     marks["initialised"] = time.time()
-    job = {DDP: ddp_job, MOE: moe_job}[pattern]
-    step, info = job(rank, world, PROFILED_ITERS + UNPROFILED_ITERS)
+    job = {KIND_DDP: ddp_job, KIND_MOE: moe_job, KIND_PIPE: pipe_job}[kind]
+    step, info = job(rank, world, PROFILED_ITERS + UNPROFILED_ITERS, params)
     trace_json = tmp_dir / f"rank{rank}.pt.trace.json"
     losses: list[float] = []
 
@@ -697,8 +1006,11 @@ def run_job(script: str, run_dir: Path, s: Setting,
     """Start every rank in its namespace and wait, calling ``watch`` (which raises if
     something the job needs is gone) meanwhile; returns each rank's times.json."""
     run_dir.mkdir(parents=True, exist_ok=True)
+    threads = s.job.get("threads", 1)
     env = dict(os.environ, GLOO_SOCKET_IFNAME=RANK_IF, MASTER_ADDR=rank_addr(0),
-               MASTER_PORT=str(MASTER_PORT), OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+               MASTER_PORT=str(MASTER_PORT), OMP_NUM_THREADS=str(threads), PYTHONUNBUFFERED="1")
+    if threads > 1:  # more threads than cores: OpenMP threads must sleep, not spin, at a
+        env["OMP_WAIT_POLICY"] = OMP_WAIT_POLICY  # barrier (see OMP_WAIT_POLICY's comment)
     ncpu = os.cpu_count() or 1
     procs = []
     try:
@@ -707,7 +1019,8 @@ def run_job(script: str, run_dir: Path, s: Setting,
             log = open(run_dir / f"rank{rank}.log", "w")  # noqa: SIM115 - closed below
             procs.append((subprocess.Popen(
                 in_ns(NS_RANK[rank], *pin, sys.executable, script, "--worker", str(rank),
-                      "--world", str(s.world), "--pattern", s.pattern, "--tmp", str(run_dir)),
+                      "--world", str(s.world), "--kind", s.kind, "--params", s.params,
+                      "--tmp", str(run_dir)),
                 env=env, stdout=log, stderr=subprocess.STDOUT), log))
         deadline = time.monotonic() + RUN_TIMEOUT_S
         while any(p.poll() is None for p, _ in procs):
@@ -790,17 +1103,25 @@ def gloo_spans(trace: dict, name: str) -> list[dict]:
 
 def trace_summary(trace: dict) -> dict:
     """ProfilerStep durations, and per step the gloo:all_reduce spans of gradients (more than
-    one element; the loss allreduce is left out) and the gloo:all_to_all spans (ns)."""
+    one element; the loss allreduce is left out), the gloo:all_to_all spans (ns), the
+    pipeline's gloo:send / gloo:recv spans (ns, bytes) and fwd_mb<i> / bwd_mb<i> chunks."""
     steps = sorted((e for e in trace["traceEvents"] if e.get("ph") == "X"
                     and e.get("name", "").startswith("ProfilerStep#")), key=lambda e: e["ts"])
     ars, a2as = gloo_spans(trace, "gloo:all_reduce"), gloo_spans(trace, "gloo:all_to_all")
+    sr = {"send": gloo_spans(trace, "gloo:send"), "recv": gloo_spans(trace, "gloo:recv")}
+    chunks = {k: sorted((e for e in trace["traceEvents"] if e.get("ph") == "X"
+                         and re.fullmatch(rf"{k}_mb\d+", e.get("name", ""))),
+                        key=lambda e: e["ts"]) for k in ("fwd", "bwd")}
     per_step = []
     for s in steps:
         def inside(spans, s=s):
             return [a for a in spans if s["ts"] <= a["ts"] < s["ts"] + s["dur"]]
         grads = [a for a in inside(ars) if a["numel"] > 1]
         a2a = inside(a2as)
-        per_step.append({"name": s["name"], "dur_ns": ns(s["dur"]),
+        p2p = {k: [(ns(a["dur"]), a["bytes"]) for a in inside(v)] for k, v in sr.items()}
+        chunk = {k: [ns(a["dur"]) for a in inside(v)] for k, v in chunks.items()}
+        per_step.append({"name": s["name"], "dur_ns": ns(s["dur"]), "p2p": p2p,
+                         "chunks_ns": chunk,
                          "grad_allreduce_ns": [ns(a["dur"]) for a in grads],
                          "grad_allreduce_overlap": overlap_shares(grads),
                          "grad_allreduce_bytes": [a["bytes"] for a in grads],
@@ -928,17 +1249,30 @@ def allreduce_summary(every: list[list[dict]], world: int, rate_bytes: float
     }, bucket_bytes
 
 
-def a2a_summary(every: list[list[dict]], world: int, rate_bytes: float) -> dict:
+def busiest_link_bytes(counts: list[list[int]], row_bytes: int) -> int:
+    """The most bytes any rank sends to, or receives from, the other ranks in one all-to-all
+    with counts[src][dst] rows (full duplex: a rank's own link carries both ways at once)."""
+    n = len(counts)
+    send = [sum(counts[r][j] for j in range(n) if j != r) for r in range(n)]
+    recv = [sum(counts[j][r] for j in range(n) if j != r) for r in range(n)]
+    return max(max(send), max(recv)) * row_bytes
+
+
+def a2a_summary(every: list[list[dict]], world: int, rate_bytes: float,
+                counts: list[list[int]] | None = None) -> dict:
     """Per all-to-all of a step (forward dispatch, forward combine, then backward's two):
-    the shortest span over ranks, against (n-1)/n of the buffer over one link."""
+    the shortest span over ranks, against (n-1)/n of the buffer over one link (equal splits)
+    or the busiest link's bytes (``counts``: the skewed job's rows per rank pair)."""
     share = (world - 1) / world
+    row_bytes = MOE_HIDDEN * 4
     per_call: dict[int, dict[str, list]] = {}
     busy = []
     for run_tr in every:
         for steps in zip(*[t["steps"] for t in run_tr], strict=True):
             for i, b in enumerate(steps[0]["a2a_bytes"]):
                 durs = [s["a2a_ns"][i] for s in steps]
-                slot = per_call.setdefault(i, {"bytes": b, "all": [], "min": []})
+                slot = per_call.setdefault(i, {"bytes": b, "all": [], "min": [],
+                                               "per_rank": [s["a2a_bytes"][i] for s in steps]})
                 slot["all"] += durs
                 slot["min"].append(min(durs))
             busy.append(min(s["a2a_busy_ns"] for s in steps))
@@ -949,7 +1283,15 @@ def a2a_summary(every: list[list[dict]], world: int, rate_bytes: float) -> dict:
         "theory_ms": round(share * c["bytes"] / rate_bytes * 1e3, 3),
         "theory_ms_with_headers": round(share * c["bytes"] * WIRE / rate_bytes * 1e3, 3),
     } for i, c in sorted(per_call.items())]
-    return {
+    if counts:
+        link = busiest_link_bytes(counts, row_bytes)
+        for c in calls:
+            c.update(bytes=None, busiest_link_bytes=link,
+                     theory_ms=round(link / rate_bytes * 1e3, 3),
+                     theory_ms_with_headers=round(link * WIRE / rate_bytes * 1e3, 3))
+        for c, (_, slot) in zip(calls, sorted(per_call.items()), strict=True):
+            c["input_bytes_per_rank"] = slot["per_rank"]
+    out = {
         "calls_per_step": len(calls),
         "calls": calls,
         "busy_ms_median": round(med(busy) / 1e6, 3),
@@ -959,6 +1301,77 @@ def a2a_summary(every: list[list[dict]], world: int, rate_bytes: float) -> dict:
                           "bandwidth only, no latency term",
         "notes": "equal splits (fixed-capacity routing); busy_ms_median: union of a step's "
                  "gloo:all_to_all spans, min over ranks, median over steps",
+    }
+    if counts:
+        n = len(counts)
+        out.update({
+            "split_counts": counts,
+            "split_counts_note": "split_counts[src][dst]: rows (tokens of "
+                                 f"{row_bytes} bytes) rank src sends to rank dst's expert in "
+                                 "the dispatch all-to-all, every step; the combine sends them "
+                                 "back (splits swapped), backward repeats both",
+            "row_bytes": row_bytes,
+            "expert_tokens_per_rank": [sum(counts[s][r] for s in range(n)) for r in range(n)],
+            "splits_per_rank": {f"rank{r}": {
+                "dispatch": {"in": counts[r], "out": [counts[s][r] for s in range(n)]},
+                "combine": {"in": [counts[s][r] for s in range(n)], "out": counts[r]}}
+                for r in range(n)},
+            "theory_formula": "max over ranks of the bytes it sends to or receives from the "
+                              "others / (rate/8), per all-to-all: the busiest link paces it; "
+                              "bandwidth only, no latency term",
+            "notes": "skewed splits (split_counts); busy_ms_median: union of a step's "
+                     "gloo:all_to_all spans, min over ranks, median over steps",
+        })
+    return out
+
+
+def pipeline_summary(every: list[list[dict]], world: int, rate_bytes: float,
+                     info: dict) -> dict:
+    """The pipeline job's structure and timing: per stage (= rank) the sends and receives of
+    a step and their bytes (from the traces), the fwd_mb / bwd_mb chunk medians, and the
+    step's time outside the chunks (the stage's bubble plus its communication waits)."""
+    stages = []
+    for q in range(world):
+        steps = [st for run_tr in every for st in run_tr[q]["steps"]]
+        sends = {len(st["p2p"]["send"]) for st in steps}
+        recvs = {len(st["p2p"]["recv"]) for st in steps}
+        fwd = [d for st in steps for d in st["chunks_ns"]["fwd"]]
+        bwd = [d for st in steps for d in st["chunks_ns"]["bwd"]]
+        outside = [st["dur_ns"] - sum(st["chunks_ns"]["fwd"]) - sum(st["chunks_ns"]["bwd"])
+                   for st in steps]
+        stages.append({
+            "stage": q,
+            "sends_per_step": sorted(sends), "recvs_per_step": sorted(recvs),
+            "send_bytes": sorted({b for st in steps for _, b in st["p2p"]["send"]}),
+            "recv_bytes": sorted({b for st in steps for _, b in st["p2p"]["recv"]}),
+            "fwd_chunks_per_step": sorted({len(st["chunks_ns"]["fwd"]) for st in steps}),
+            "bwd_chunks_per_step": sorted({len(st["chunks_ns"]["bwd"]) for st in steps}),
+            "fwd_chunk_ms_median": round(med(fwd) / 1e6, 3) if fwd else None,
+            "bwd_chunk_ms_median": round(med(bwd) / 1e6, 3) if bwd else None,
+            "outside_chunks_ms_median": round(med(outside) / 1e6, 3),
+            "outside_chunks_share_median": round(med([o / st["dur_ns"] for o, st
+                                                      in zip(outside, steps, strict=True)]), 3),
+            "send_span_ms_median": round(med([d for st in steps for d, _ in st["p2p"]["send"]])
+                                         / 1e6, 3) if any(st["p2p"]["send"] for st in steps)
+            else None,
+            "recv_span_ms_median": round(med([d for st in steps for d, _ in st["p2p"]["recv"]])
+                                         / 1e6, 3) if any(st["p2p"]["recv"] for st in steps)
+            else None,
+        })
+    msg = info["message_bytes"]
+    return {
+        "schedule": info["schedule"], "microbatches": info["microbatches"], "stages": world,
+        "microbatch_rows": PIPE_MB_ROWS, "width": PIPE_WIDTH, "layers_per_stage": PIPE_LAYERS,
+        "message_bytes": msg,
+        "message_theory_ms": round(msg / rate_bytes * 1e3, 3),
+        "message_theory_ms_with_headers": round(msg * WIRE / rate_bytes * 1e3, 3),
+        "per_stage": stages,
+        "notes": "stage = rank; sends_per_step / recvs_per_step: gloo:send / gloo:recv spans "
+                 "inside each ProfilerStep (every step, every repeat: one value if all agree); "
+                 "a span runs from posting the isend/irecv to its wait's end, so it includes "
+                 "waiting for the peer; outside_chunks: ProfilerStep minus the stage's fwd_mb "
+                 "and bwd_mb chunks (pipeline bubble, communication waits, the optimizer step "
+                 "and the loss allreduce), medians over every repeat's steps",
     }
 
 
@@ -1004,17 +1417,23 @@ def summarize_setting(s: Setting, r: dict, out_dir: Path, base_lat_us: float,
     every = [[trace_summary(load_trace(run["dir"] / f"rank{q}.pt.trace.json"))
               for q in range(s.world)] for run in runs]
     t0 = runs[0]["times"][0]
-    allreduce, bucket_bytes = allreduce_summary(every, s.world, rate_bytes)
-    one_way_us = base_lat_us if not s.delay_us else r["rtt"]["rtt_ns_median"] / 2 / 1e3
+    allreduce, bucket_bytes = (allreduce_summary(every, s.world, rate_bytes)
+                               if s.kind != KIND_PIPE else (None, []))
+    measured_one_way_us = r["rtt"]["rtt_ns_median"] / 2 / 1e3
+    one_way_us = base_lat_us if not s.delay_us or s.dc_split else measured_one_way_us
     out = {
         "dir": s.dir,
         "pattern": s.pattern,
+        "kind": s.kind,
+        "job": s.job,
         "world_size": s.world,
+        "dc_split": s.dc_split or None,
         "tc_rate": s.rate,
         "rate_bits_per_s": bits,
         "one_way_delay_us": s.delay_us,
         "tc_qdiscs": r["qdiscs"],
-        "network_spec": network_spec(bits, one_way_us),
+        "network_spec": network_spec(bits, one_way_us, s.dc_split, measured_one_way_us),
+        "delay_rule": r.get("delay_rule"),
         "tcp_pingpong": pingpong_summary(r["rtt"], s, base_rtt_ns),
         "delay_line": None if not s.delay_us else {
             "per_repeat": [run["delay_line"] for run in runs],
@@ -1042,11 +1461,22 @@ def summarize_setting(s: Setting, r: dict, out_dir: Path, base_lat_us: float,
         "spread": spread_summary(runs),
         "allreduce": allreduce,
         "other_cpu_share_per_repeat": [run["foreign"] for run in runs],
+        "captured_utc": [run["launched_utc"] for run in runs],
         "run_phases_s": [run["phases"] for run in runs],
         "losses_rank0": [run["times"][0]["losses"] for run in runs],
     }
-    if s.pattern == MOE:
-        out["all_to_all"] = a2a_summary(every, s.world, rate_bytes)
+    if s.dc_split:
+        out["tcp_pingpong"]["across"] = f"rank 0 to rank {s.dc_split} (across the split)"
+        out["tcp_pingpong_within"] = pingpong_summary(r["rtt_within"], Setting(
+            s.name, s.dir, s.rate, 0.0, s.world, s.pattern), base_rtt_ns)
+        out["tcp_pingpong_within"].update(between="rank 0 to rank 1 (same side: not delayed)",
+                                          base_rtt_us_median=round(base_rtt_ns / 1e3, 1))
+    if s.kind == KIND_MOE:
+        out["all_to_all"] = a2a_summary(every, s.world, rate_bytes, t0.get("split_counts"))
+    if s.kind == KIND_PIPE:
+        out["pipeline"] = pipeline_summary(every, s.world, rate_bytes, t0)
+        out["pipeline"]["plan_per_rank"] = {f"rank{q}": runs[0]["times"][q]["plan"]
+                                            for q in range(s.world)}
     return out
 
 
@@ -1061,11 +1491,17 @@ def run_once(script: str, s: Setting, rep: int, tmp: Path, exe: Path | None, wor
     qdiscs = shape(s.rate, world)
     run_dir = tmp / f"{s.name}-rep{rep}"
     run_dir.mkdir(parents=True)
-    delay = DelayLines(exe, s.delay_us, s.world, run_dir).start() if s.delay_us else None
+    delay = (DelayLines(exe, s.delay_us, s.world, run_dir, s.dc_split).start() if s.delay_us
+             else None)
     try:
         if rep == 0:
             result["qdiscs"] = qdiscs
-            result["rtt"] = measure_rtt(script, bool(s.delay_us))
+            result["delay_rule"] = delay.rule_text() if delay else None
+            # with a split, across it (rank 0 to the first rank of the other side), and
+            # within rank 0's side too (never delayed)
+            result["rtt"] = measure_rtt(script, bool(s.delay_us), s.dc_split or 1)
+            if s.dc_split:
+                result["rtt_within"] = measure_rtt(script, False, 1)
         t, launched = time.monotonic(), time.time()
         cpu0 = cpu_usage(delay.cpu_s() if delay else 0.0)
         times = run_job(script, run_dir, s, delay.check_alive if delay else None)
@@ -1079,6 +1515,8 @@ def run_once(script: str, s: Setting, rep: int, tmp: Path, exe: Path | None, wor
               for k in times[0]["marks"] if k != "start"}
     phases["total"] = round(time.monotonic() - t, 2)
     result["runs"].append({"dir": run_dir, "times": times, "foreign": foreign_cpu(cpu0, cpu1),
+                           "launched_utc": time.strftime("%Y-%m-%d %H:%M:%S",
+                                                         time.gmtime(launched)),
                            "delay_line": stats, "phases": phases})
     prof = med([x for r in times for x in r["profiled_s"][ACTIVE_ITERS]])
     extra = ""
@@ -1125,14 +1563,71 @@ def sweep(settings: list[Setting], repeats: int, out_dir: Path) -> dict:
     return describe(settings, repeats, results, base, base_lat_us, sysctls, started, out)
 
 
+def pattern_description(s: Setting, info: dict) -> dict:
+    """measured.json's job.patterns entry of a setting's job (``info``: its rank 0's info)."""
+    p = s.job
+    if s.kind == KIND_DDP:
+        d = {**DDP_DEFAULTS, **p}
+        return {"model": f"MLP {tuple(d['layers'])}, DistributedDataParallel, bucket_cap_mb="
+                         f"{d['bucket_cap_mb']}",
+                "nparams": info["nparams"], "grad_bytes": info["grad_bytes"],
+                "global_batch": d["global_batch"], "threads": d["threads"],
+                "batch_per_rank": {str(w): d["global_batch"] // w for w in (2, 4, 8)},
+                "collectives": "per step: the gradient buckets' allreduces (overlapping "
+                               "backward), then the loss allreduce"}
+    if s.kind == KIND_MOE:
+        d = {"model": f"Linear({MOE_HIDDEN},{MOE_HIDDEN}) + ReLU (shared) -> all_to_all -> "
+                      f"expert Linear({MOE_HIDDEN},{MOE_FFN}), ReLU, Linear({MOE_FFN},"
+                      f"{MOE_HIDDEN}) (one per rank) -> all_to_all -> residual -> "
+                      f"Linear({MOE_HIDDEN},{MOE_CLASSES}) (shared)",
+             "tokens_per_rank": MOE_TOKENS, "nparams_per_rank": info["nparams"],
+             "shared_params": info["shared_params"], "a2a_bytes": MOE_TOKENS * MOE_HIDDEN * 4,
+             "collectives": "per step: 2 all_to_all_single forward (dispatch, combine), 2 in "
+                            "backward, one flat allreduce of the shared gradients after "
+                            "backward, the loss allreduce"}
+        if "zipf" in p:
+            d.update(a2a_bytes=None, zipf=p["zipf"], split_counts=info["split_counts"],
+                     expert_shares=[round(x, 4) for x in skew_shares(p["zipf"], s.world)],
+                     routing="skew_counts: expert e's share is proportional to 1/k^zipf, k its "
+                             "popularity rank (1 = hottest) in random.Random(SEED).sample("
+                             "range(n), n); each source rank src draws its 1024 tokens' experts "
+                             "once with random.Random(SEED * 1000 + src).choices (the same "
+                             "every step) and sends them, sorted by expert, with "
+                             "all_to_all_single(out, in, output_split_sizes, "
+                             "input_split_sizes); expert e (on rank e) computes on every token "
+                             "routed to it; the trace's c10d::alltoall_base_ holds the split "
+                             "sizes (Concrete Inputs [3] output, [4] input, in rows)")
+        return d
+    return {"model": f"{PIPE_LAYERS} x (Linear({PIPE_WIDTH},{PIPE_WIDTH}), ReLU) per stage, "
+                     f"the last stage adds Linear({PIPE_WIDTH},{PIPE_CLASSES}) and the loss",
+            "stages": s.world, "stage_of_rank": "stage = rank",
+            "schedule": p["schedule"], "microbatches": p["microbatches"],
+            "microbatch_rows": PIPE_MB_ROWS, "message_bytes": info["message_bytes"],
+            "nparams_stage0": info["nparams"],
+            "sends_per_step_rank0": info["sends_per_step"],
+            "schedule_rule": (pipe_schedule.__doc__ or "").split("\n", 1)[1].strip(),
+            "communication": "dist.isend / dist.irecv (gloo) with tag = the microbatch; an "
+                             "activation goes stage s -> s + 1, its gradient s + 1 -> s; the "
+                             "trace has c10d::send / c10d::recv_ (Concrete Inputs [2] peer, [3] "
+                             "tag) and gloo:send / gloo:recv spans on the main thread, from "
+                             "posting to the wait's end",
+            "annotations": "record_function fwd_mb<i> / bwd_mb<i> around each microbatch's "
+                           "compute on every stage",
+            "collectives": "per step: the schedule's sends and receives, then one loss "
+                           "allreduce over all stages (1 element; nonzero on the last stage)"}
+
+
 def describe(settings: list[Setting], repeats: int, results: dict, base: dict,
              base_lat_us: float, sysctls: dict, started: float, out: dict) -> dict:
     """The top-level measured.json: how everything was made and measured, then the settings."""
     ddp = next((results[s.name]["runs"][0]["times"][0] for s in settings
                 if s.pattern == DDP and s.world == 2), None)
     first = results[settings[0].name]["runs"][0]["times"][0]
-    moe = next((results[s.name]["runs"][0]["times"][0] for s in settings if s.pattern == MOE),
-               None)
+    patterns = {}
+    for s in settings:
+        patterns.setdefault(s.pattern, pattern_description(
+            s, results[s.name]["runs"][0]["times"][0]))
+    launched = [run["launched_utc"] for s in settings for run in results[s.name]["runs"]]
     return {
         "generator": "sample_traces/netlab/make_netlab.py",
         "job": {
@@ -1152,28 +1647,13 @@ def describe(settings: list[Setting], repeats: int, results: dict, base: dict,
                       "percentiles of all iterations pooled over ranks and repeats",
             "note": "world_size, model, nparams, batch describe the 2-rank DDP job of the "
                     "bw_<rate> and lat_* settings; settings.<s>.pattern / world_size give each "
-                    "setting's job, described under patterns",
-            "patterns": {
-                DDP: {"model": f"MLP {LAYERS}, DistributedDataParallel, bucket_cap_mb="
-                               f"{BUCKET_CAP_MB}",
-                      "global_batch": DDP_GLOBAL_BATCH,
-                      "batch_per_rank": {"2": DDP_GLOBAL_BATCH // 2, "4": DDP_GLOBAL_BATCH // 4},
-                      "collectives": "per step: the gradient buckets' allreduces (overlapping "
-                                     "backward), then the loss allreduce"},
-                MOE: {"model": f"Linear({MOE_HIDDEN},{MOE_HIDDEN}) + ReLU (shared) -> "
-                               f"all_to_all -> expert Linear({MOE_HIDDEN},{MOE_FFN}), ReLU, "
-                               f"Linear({MOE_FFN},{MOE_HIDDEN}) (one per rank) -> all_to_all "
-                               f"-> residual -> Linear({MOE_HIDDEN},{MOE_CLASSES}) (shared)",
-                      "tokens_per_rank": MOE_TOKENS,
-                      "nparams_per_rank": moe["nparams"] if moe else None,
-                      "shared_params": moe["shared_params"] if moe else None,
-                      "a2a_bytes": MOE_TOKENS * MOE_HIDDEN * 4,
-                      "collectives": "per step: 2 all_to_all_single forward (dispatch, "
-                                     "combine), 2 in backward, one flat allreduce of the shared "
-                                     "gradients after backward, the loss allreduce"},
-            },
-            "threads": "torch.set_num_threads(1), OMP_NUM_THREADS=1; 4-rank jobs pinned with "
-                       "taskset -c <rank mod ncpu> (two ranks per core), 2-rank jobs not",
+                    "setting's job, described under patterns (one pattern and world size = "
+                    "one job: its settings replay onto each other's network specs)",
+            "patterns": patterns,
+            "threads": "torch.set_num_threads(T), OMP_NUM_THREADS=T, T = the pattern's threads "
+                       "(1 but for ddp_small_model_2threads); jobs with more ranks than cores "
+                       "(4 and 8 ranks) pinned with taskset -c <rank mod ncpu>, the 2-rank "
+                       "jobs not",
         },
         "network": {
             "latency_us_in_specs": round(base_lat_us),
@@ -1183,7 +1663,10 @@ def describe(settings: list[Setting], repeats: int, results: dict, base: dict,
                             "upper bound for the link: the same ping-pong over one namespace's "
                             "loopback (tcp_pingpong.loopback_rtt_us_median) costs nearly as "
                             "much. For a setting with an added delay it is half that setting's "
-                            "own measured round trip (base + 2D + what the endpoints add).",
+                            "own measured round trip (base + 2D + what the endpoints add); with "
+                            "a split (dc_split) the spec keeps the undelayed latency and puts "
+                            "the rest of the measured round trip across the split in "
+                            "dc_latency (ranks_per_dc = dc_split)",
             "base_tcp_pingpong_rtt_us_median": round(base["rtt_ns_median"] / 1e3, 1),
             "base_note": "base_tcp_pingpong_rtt_us_median: measured once at the start, before "
                          "any delay line; tcp_pingpong.base_rtt_us_median of a delayed setting: "
@@ -1197,12 +1680,18 @@ def describe(settings: list[Setting], repeats: int, results: dict, base: dict,
                      "holding each packet for the setting's one_way_delay_us from its kernel "
                      f"receive timestamp (FIFO, batch verdicts, queue maxlen {DELAY_MAXLEN}, "
                      f"receive buffer {DELAY_RCVBUF} bytes, SCHED_FIFO): +D each way, +2D per "
-                     "TCP round trip; settings.<s>.delay_line holds its statistics",
+                     "TCP round trip; settings.<s>.delay_line holds its statistics. With a "
+                     "split (settings.<s>.dc_split = k) the rule matches only packets from the "
+                     "ranks on the other side (-s <their address>/32, one rule each): ranks "
+                     "[0, k) and [k, n) reach each other through +D, each side's own ranks "
+                     "without (settings.<s>.delay_rule)",
             "delay_check": f"TCP ping-pong round trip = base + 2D, from {RTT_SHORT_US:g} us "
                            f"short to {RTT_TOLERANCE_US:g} us + {RTT_TOLERANCE_SHARE:.0%} of 2D "
                            "long (tcp_pingpong.excess_us; the endpoints wake from idle after "
                            "every delayed packet); delay lines' mean lateness at most "
-                           f"{DELAY_LATE_MAX_US:g} us; no packet dropped",
+                           f"{DELAY_LATE_MAX_US:g} us; no packet dropped; with a split the "
+                           "ping-pong crosses it (rank 0 to rank k) and "
+                           "tcp_pingpong_within (rank 0 to rank 1) must show no delay",
             "rank_sysctls": sysctls,
         },
         "environment": {
@@ -1210,8 +1699,51 @@ def describe(settings: list[Setting], repeats: int, results: dict, base: dict,
             "kernel": platform.release(), "cpus": os.cpu_count(),
         },
         "elapsed_s": round(time.monotonic() - started, 1),
-        "settings": out,
+        "captures": [{
+            "utc": f"{min(launched)} - {max(launched)} (launches of the first and last run)",
+            "settings": [s.name for s in settings], "repeats": repeats,
+            "elapsed_s": round(time.monotonic() - started, 1),
+            "latency_us_in_specs": round(base_lat_us),
+            "base_tcp_pingpong_rtt_us_median": round(base["rtt_ns_median"] / 1e3, 1),
+            "environment": {"torch": first["torch"], "python": platform.python_version(),
+                            "kernel": platform.release(), "cpus": os.cpu_count()},
+        }],
+        "settings": {name: {**s, "capture": 0} for name, s in out.items()},
     }
+
+
+# the original run's capture, for a measured.json written before captures were recorded
+ORIGINAL_CAPTURE_UTC = "2026-12-01 14:32 - 14:43"
+
+
+def merge_measured(old: dict, new: dict) -> dict:
+    """``new`` (this run) over ``old`` (the file already there): settings this run did not
+    capture are kept as they were, with the capture they came from (``captures``: one entry
+    per run, oldest first; a setting's ``capture`` indexes it); the run's descriptions of the
+    network, the environment and the elapsed time are this run's, its patterns added to the
+    old ones. Every setting's data still comes from one run."""
+    captures = old.get("captures") or [{
+        "utc": ORIGINAL_CAPTURE_UTC, "settings": list(old["settings"]),
+        "repeats": old["job"].get("repeats"), "elapsed_s": old.get("elapsed_s"),
+        "latency_us_in_specs": old["network"].get("latency_us_in_specs"),
+        "base_tcp_pingpong_rtt_us_median": old["network"].get(
+            "base_tcp_pingpong_rtt_us_median"),
+        "environment": old.get("environment"),
+    }]
+    index = len(captures)
+    kept = {name: {**s, "kind": s.get("kind") or (KIND_MOE if s["pattern"] == MOE
+                                                  else KIND_DDP),
+                   "job": s.get("job", {}), "capture": s.get("capture", 0)}
+            for name, s in old["settings"].items() if name not in new["settings"]}
+    merged = dict(new)
+    merged["job"] = {**new["job"], "patterns": {**old["job"].get("patterns", {}),
+                                                **new["job"]["patterns"]}}
+    if new["job"].get("nparams") is None:
+        merged["job"]["nparams"] = old["job"].get("nparams")
+    merged["captures"] = captures + new["captures"]
+    merged["settings"] = {**kept, **{name: {**s, "capture": index}
+                                     for name, s in new["settings"].items()}}
+    return merged
 
 
 # --------------------------------------------------------------------------------------------
@@ -1222,13 +1754,14 @@ def print_table(measured: dict) -> None:
     print(f"{'setting':>16} {'n':>2} {'D us':>6} {'RTT us':>8} {'prof ms':>8} {'unprof ms':>9} "
           f"{'PS# ms':>8} {'ar busy':>8} {'ar thy':>7} {'a2a busy':>8} {'a2a thy':>7}  spread")
     for name, s in measured["settings"].items():
-        w, a = s["wall_ms"], s["allreduce"]
+        w, a = s["wall_ms"], s["allreduce"] or {}
         a2a = s.get("all_to_all") or {}
         sp = s["spread"]["unprofiled"]
         print(f"{name:>16} {s['world_size']:2d} {s['one_way_delay_us']:6.0f} "
               f"{s['tcp_pingpong']['rtt_us_median']:8.1f} {w['profiled_median']:8.1f} "
               f"{w['unprofiled_median']:9.1f} {s['traces']['profiler_step_ms_median']:8.1f} "
-              f"{a['grad_busy_ms_median']:8.1f} {a['grad_theory_ms']:7.1f} "
+              f"{a.get('grad_busy_ms_median', float('nan')):8.1f} "
+              f"{a.get('grad_theory_ms', float('nan')):7.1f} "
               f"{a2a.get('busy_ms_median', float('nan')):8.1f} "
               f"{a2a.get('theory_ms_per_step', float('nan')):7.1f}  "
               f"p10-p90 {sp['p10_ms']:.1f}-{sp['p90_ms']:.1f}, repeats "
@@ -1238,37 +1771,83 @@ def print_table(measured: dict) -> None:
 def markdown_tables(measured: dict) -> str:
     """README tables of a measured.json, one per job (--tables)."""
     lines = []
-    titles = {(DDP, 2): "DDP, 2 ranks", (DDP, 4): "DDP, 4 ranks", (MOE, 4): "all-to-all (MoE), "
-              "4 ranks"}
+    titles = {(DDP, 2): "DDP, 2 ranks", (DDP, 4): "DDP, 4 ranks", (DDP, 8): "DDP, 8 ranks",
+              (MOE, 4): "all-to-all (MoE), 4 ranks"}
+    captures = measured.get("captures") or [{"utc": ORIGINAL_CAPTURE_UTC}]
     fams: dict[tuple, list[tuple[str, dict]]] = {}
     for name, s in measured["settings"].items():
         fams.setdefault((s.get("pattern", DDP), s.get("world_size", 2)), []).append((name, s))
     for fam, members in fams.items():
-        moe = fam[0] == MOE
-        comm = "all-to-all busy / theory" if moe else "gradient allreduce busy / theory"
-        lines += [f"{titles.get(fam, fam)}:", "",
+        kind = members[0][1].get("kind", KIND_MOE if fam[0] == MOE else KIND_DDP)
+        comm = {KIND_DDP: "gradient allreduce busy / theory", KIND_MOE: "all-to-all busy / "
+                "theory", KIND_PIPE: "per stage: fwd / bwd chunk, outside chunks"}[kind]
+        lines += [f"{titles.get(fam, f'{fam[0]}, {fam[1]} ranks')}:", "",
                   f"| setting | network spec | RTT us | step, profiled | step, unprofiled | "
-                  f"ProfilerStep | {comm} | repeats (unprofiled medians) |",
-                  "| --- | --- | ---: | ---: | ---: | ---: | ---: | --- |"]
+                  f"ProfilerStep | {comm} | repeats (unprofiled medians) | captured |",
+                  "| --- | --- | ---: | ---: | ---: | ---: | ---: | --- | --- |"]
         for name, s in members:
             w, sp = s["wall_ms"], s.get("spread", {}).get("unprofiled", {})
-            c = s["all_to_all"] if moe else s["allreduce"]
-            busy, thy = ((c["busy_ms_median"], c["theory_ms_per_step"]) if moe
-                         else (c["grad_busy_ms_median"], c["grad_theory_ms"]))
+            if kind == KIND_PIPE:
+                cell = "; ".join(f"{st['fwd_chunk_ms_median']:.1f} / "
+                                 f"{st['bwd_chunk_ms_median']:.1f}, "
+                                 f"{st['outside_chunks_ms_median']:.0f}"
+                                 for st in s["pipeline"]["per_stage"])
+            else:
+                c = s["all_to_all"] if kind == KIND_MOE else s["allreduce"]
+                busy, thy = ((c["busy_ms_median"], c["theory_ms_per_step"]) if kind == KIND_MOE
+                             else (c["grad_busy_ms_median"], c["grad_theory_ms"]))
+                cell = f"{busy:.1f} / {thy:.1f}"
             reps = ", ".join(f"{x:.1f}" for x in sp.get("per_repeat_median_ms", []))
+            day = captures[s.get("capture", 0)]["utc"][:10]
             lines.append(f"| {s.get('dir', 'bw_' + name)} | `{s['network_spec']}` | "
                          f"{s['tcp_pingpong']['rtt_us_median']:.0f} | "
                          f"{w['profiled_median']:.1f} | {w['unprofiled_median']:.1f} | "
-                         f"{s['traces']['profiler_step_ms_median']:.1f} | {busy:.1f} / {thy:.1f} "
-                         f"| {reps} |")
+                         f"{s['traces']['profiler_step_ms_median']:.1f} | {cell} "
+                         f"| {reps} | {day} |")
         lines.append("")
     return "\n".join(lines)
 
 
-def check_outputs(measured: dict, out_dir: Path) -> list[str]:
-    """Every trace is there and complete; the delay was what was asked; nothing dropped."""
+def trace_structure_problems(path: Path, trace: dict, s: dict, rank: int) -> list[str]:
+    """The trace holds what measured.json says about the job: the skewed all-to-all's split
+    sizes (c10d::alltoall_base_), the pipeline's sends and receives per step (c10d::send /
+    c10d::recv_ with their peers)."""
+    problems = []
+    events = [e for e in trace["traceEvents"] if e.get("ph") == "X"]
+    a2a = s.get("all_to_all") or {}
+    if a2a.get("split_counts"):
+        sp = a2a["splits_per_rank"][f"rank{rank}"]
+        # forward: dispatch, combine; backward: combine's gradient (the dispatch's splits),
+        # then dispatch's (the combine's)
+        want = [sp["dispatch"], sp["combine"], sp["dispatch"], sp["combine"]]
+        got = [{"out": json.loads(e["args"]["Concrete Inputs"][3]),
+                "in": json.loads(e["args"]["Concrete Inputs"][4])}
+               for e in events if e["name"] == "c10d::alltoall_base_"]
+        if not got or any(g != want[i % 4] for i, g in enumerate(got)):
+            problems.append(f"{path}: all-to-all split sizes differ from measured.json")
+    pipe = s.get("pipeline")
+    if pipe:
+        st = pipe["per_stage"][rank]
+        plan = pipe["plan_per_rank"][f"rank{rank}"]
+        sends = sum(len(a[1]) for a in plan if a[0] == "comm")
+        recvs = sum(len(a[2]) for a in plan if a[0] == "comm")
+        if st["sends_per_step"] != [sends] or st["recvs_per_step"] != [recvs]:
+            problems.append(f"{path}: sends/receives per step {st['sends_per_step']}/"
+                            f"{st['recvs_per_step']}, the schedule has {sends}/{recvs}")
+        peers = {int(e["args"]["Concrete Inputs"][2]) for e in events
+                 if e["name"] in ("c10d::send", "c10d::recv_")}
+        if not peers <= {rank - 1, rank + 1}:
+            problems.append(f"{path}: a send/recv with a stage that is not a neighbour: {peers}")
+    return problems
+
+
+def check_outputs(measured: dict, out_dir: Path, only: list[str] | None = None) -> list[str]:
+    """Every trace is there and complete; the delay was what was asked; nothing dropped (the
+    settings ``only``, by default all)."""
     problems = []
     for name, s in measured["settings"].items():
+        if only is not None and name not in only:
+            continue
         for rank in range(s["world_size"]):
             path = out_dir / s["dir"] / f"rank{rank}.pt.trace.json.gz"
             trace = load_trace(path)
@@ -1280,10 +1859,21 @@ def check_outputs(measured: dict, out_dir: Path) -> list[str]:
                 problems.append(f"{path}: missing or wrong distributedInfo: {info!r}")
             if len(s["traces"]["profiler_step_ns"][f"rank{rank}"]) != ACTIVE:
                 problems.append(f"{path}: expected {ACTIVE} ProfilerStep events")
-            want = ["gloo:all_reduce"] + (["gloo:all_to_all"] if s["pattern"] == MOE else [])
+            kind = s.get("kind", KIND_MOE if s["pattern"] == MOE else KIND_DDP)
+            want = ["gloo:all_reduce"] + {KIND_DDP: [], KIND_MOE: ["gloo:all_to_all"],
+                                          KIND_PIPE: ["gloo:send", "gloo:recv", "fwd_mb0",
+                                                      "bwd_mb0"]}[kind]
+            if kind == KIND_PIPE and rank in (0, s["world_size"] - 1):
+                want.remove("gloo:recv" if rank == 0 else "gloo:send")
             problems += [f"{path}: no {w} span" for w in want if w not in names]
+            problems += trace_structure_problems(path, trace, s, rank)
             print(f"{path.relative_to(out_dir)}: {path.stat().st_size} bytes, "
                   f"{len(trace['traceEvents'])} events")
+        within = s.get("tcp_pingpong_within")
+        if within and within["rtt_us_median"] - within["base_rtt_us_median"] > RTT_TOLERANCE_US:
+            problems.append(f"{name}: the ping-pong within one side of the split grew by "
+                            f"{within['rtt_us_median'] - within['base_rtt_us_median']:.0f} us "
+                            "(it must not be delayed)")
         pp, dl = s["tcp_pingpong"], s["delay_line"]
         if s["one_way_delay_us"] and not -RTT_SHORT_US <= pp["excess_us"] <= pp["tolerance_us"]:
             problems.append(f"{name}: ping-pong round trip grew by {pp['added_rtt_us']} us, "
@@ -1319,6 +1909,59 @@ def check_trends(settings: list[Setting], measured: dict) -> list[str]:
     return problems
 
 
+VALIDATION_SEED = 2728  # issues 27 and 28
+VALIDATION_JOBS_HELD_OUT = 2
+
+
+def validation_split(names: list[str], seed: int = VALIDATION_SEED) -> dict:
+    """The held-out part of a capture's settings, chosen before the capture with a seeded RNG
+    (random.Random(seed)), so no fitting ever sees it. The rule, in this order:
+
+    1. jobs whose settings replay onto each other over the network (DDP, all-to-all) and
+       that are new in this capture (no setting of theirs in ORIGINAL_SETTINGS): sorted,
+       VALIDATION_JOBS_HELD_OUT of them are held out whole (rng.sample);
+    2. every other job with a new setting (the rest of the new jobs, and the original
+       2- and 4-rank DDP jobs' 10 Gbit/s settings): one of its new settings, by rng.choice
+       over the sorted names (for a job with one new setting, that one);
+    3. the pipeline jobs: they are what-ifs from the 1F1B / 4-microbatch trace at 1 Gbit/s
+       (pp1f1b4_1gbit, the source, never held out); of the other pipeline settings, sorted,
+       one is held out (rng.choice).
+    """
+    import random
+
+    rng = random.Random(seed)
+    settings = [parse_setting(n) for n in names]
+    original = {parse_setting(n).family for n in ORIGINAL_SETTINGS.split(",")}
+    jobs: dict[tuple, list[str]] = {}
+    for s in settings:
+        jobs.setdefault(s.family, []).append(s.name)
+    net_new = sorted(f for f in jobs if f not in original and parse_setting(
+        jobs[f][0]).kind != KIND_PIPE)
+    held_jobs = rng.sample(net_new, VALIDATION_JOBS_HELD_OUT)
+    held: list[str] = [n for f in held_jobs for n in jobs[f]]
+    for f in sorted(jobs):
+        if f in held_jobs or parse_setting(jobs[f][0]).kind == KIND_PIPE:
+            continue
+        held.append(rng.choice(sorted(jobs[f])))
+    pipe = sorted(s.name for s in settings if s.kind == KIND_PIPE and s.name != "pp1f1b4_1gbit")
+    if pipe:
+        held.append(rng.choice(pipe))
+    return {
+        "seed": seed,
+        "rng": "Python random.Random(seed): rng.sample, then rng.choice, in the rule's order",
+        "rule": " ".join((validation_split.__doc__ or "").split("\n\n", 1)[1].split()),
+        "chosen_from": names,
+        "held_out_jobs": [f"{p}, {w} ranks" for p, w in held_jobs],
+        "held_out_settings": sorted(held),
+        "fit_settings": sorted(n for n in names if n not in held),
+        "pipeline_source": "pp1f1b4_1gbit",
+        "note": "the settings of the original capture (ORIGINAL_SETTINGS, 2026-12-01) are "
+                "all fit settings: every constant fitted so far was fitted on them. A fitted "
+                "constant must not be fitted on a held-out setting or job; out-of-sample "
+                "figures on the held-out ones are reported apart.",
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n", 1)[0])
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT,
@@ -1330,12 +1973,21 @@ def main(argv: list[str] | None = None) -> int:
                              f"(default: {DEFAULT_SETTINGS})")
     parser.add_argument("--repeats", type=int, default=DEFAULT_REPEATS,
                         help=f"runs per setting (default: {DEFAULT_REPEATS})")
+    parser.add_argument("--replace", action="store_true",
+                        help="write measured.json with this run's settings only (default: "
+                             "keep the settings of an existing measured.json in --out that "
+                             "this run does not capture, each with its capture)")
+    parser.add_argument("--write-validation", type=Path, metavar="VALIDATION_JSON",
+                        help="write the held-out split of --settings (validation_split, seed "
+                             f"{VALIDATION_SEED}) to this file and exit")
     parser.add_argument("--tables", type=Path, metavar="MEASURED_JSON",
                         help="print the README's markdown tables of a measured.json and exit")
     # internal modes, used inside the namespaces
     parser.add_argument("--worker", type=int, metavar="RANK", help=argparse.SUPPRESS)
     parser.add_argument("--world", type=int, default=2, help=argparse.SUPPRESS)
-    parser.add_argument("--pattern", default=DDP, choices=[DDP, MOE], help=argparse.SUPPRESS)
+    parser.add_argument("--kind", default=KIND_DDP, choices=[KIND_DDP, KIND_MOE, KIND_PIPE],
+                        help=argparse.SUPPRESS)
+    parser.add_argument("--params", default="{}", help=argparse.SUPPRESS)
     parser.add_argument("--tmp", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--pingpong-server", type=int, metavar="PORT", help=argparse.SUPPRESS)
     parser.add_argument("--pingpong-client", nargs=4,
@@ -1345,8 +1997,18 @@ def main(argv: list[str] | None = None) -> int:
     if args.tables is not None:
         print(markdown_tables(json.loads(args.tables.read_text())))
         return 0
+    if args.write_validation is not None:
+        try:
+            split = validation_split([parse_setting(s).name
+                                      for s in expand_settings(args.settings)])
+        except ValueError as err:
+            print(err, file=sys.stderr)
+            return 2
+        args.write_validation.write_text(json.dumps(split, indent=1) + "\n")
+        print(f"held out: {', '.join(split['held_out_settings'])}")
+        return 0
     if args.worker is not None:
-        run_worker(args.worker, args.world, args.pattern, args.tmp)
+        run_worker(args.worker, args.world, args.kind, json.loads(args.params), args.tmp)
         # everything is written: skip torch's interpreter teardown (seconds with 4 ranks on
         # 2 cores, and it is in the run's wall time)
         sys.stdout.flush()
@@ -1364,7 +2026,7 @@ def main(argv: list[str] | None = None) -> int:
         print("needs root (ip netns, tc, iptables)", file=sys.stderr)
         return 2
     try:  # validate before touching the network
-        settings = [parse_setting(s) for s in args.settings.split(",") if s.strip()]
+        settings = [parse_setting(s) for s in expand_settings(args.settings)]
     except ValueError as err:
         print(err, file=sys.stderr)
         return 2
@@ -1394,9 +2056,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"interrupted; delay lines stopped, namespaces left: {sorted(ours()) or 'none'}",
               file=sys.stderr)
         raise
-    (out_dir / "measured.json").write_text(json.dumps(measured, indent=1) + "\n")
+    path = out_dir / "measured.json"
+    if path.exists() and not args.replace:
+        measured = merge_measured(json.loads(path.read_text()), measured)
+    path.write_text(json.dumps(measured, indent=1) + "\n")
     print_table(measured)
-    problems = check_outputs(measured, out_dir) + check_trends(settings, measured)
+    problems = (check_outputs(measured, out_dir, [s.name for s in settings])
+                + check_trends(settings, measured))
     print(f"total {measured['elapsed_s']} s; namespaces left: {sorted(ours()) or 'none'}")
     for p in problems:
         print("PROBLEM:", p, file=sys.stderr)
