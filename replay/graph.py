@@ -832,6 +832,19 @@ def _instances(ci: dict, inst_all: np.ndarray, used: np.ndarray, names_all: np.n
     }
 
 
+def unpaired_p2p(graph: ReplayGraph) -> int:
+    """How many of the graph's collective instances are point-to-point calls (send / recv)
+    of a group of more than two ranks. collective_ranks matches a group's calls by position
+    on every rank of the group, so such an instance ties a send to every rank of the group
+    (not to its peer) and its transfer starts at the group's last arrival: a barrier, not a
+    two-rank dependency. The identity replay is still exact (the measured waits are kept);
+    a network what-if would price it wrong, so it is refused (docs/collectives.md)."""
+    ins = graph.insts
+    p2p = np.isin(ins["kind"], ("send", "recv"))
+    wide = np.array([len(g) > 2 for g in ins["group_ranks"]], dtype=bool)
+    return int((p2p & wide).sum())
+
+
 def _op_details(con: duckdb.DuckDBPyConnection, sel: _Selection, slot_of: SlotIndex,
                 op_slot: np.ndarray) -> dict:
     """The GPU ops' kind, name, category, op_name and shapes, aligned with ``op_slot``."""

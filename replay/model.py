@@ -58,6 +58,7 @@ from .graph import (
     TRANSFER,
     ReplayGraph,
     parse_shapes,
+    unpaired_p2p,
 )
 from .hardware import Gpu, catalog, describe_catalog, find_gpu, lookup_gpu
 from .network import (
@@ -301,6 +302,13 @@ def check_scenario(graph: ReplayGraph, scenario: Scenario) -> None:
                       "--gpu changes nothing: give another GPU, or --gpu-clock / --power-cap "
                       "for this one")
     if scenario.changes_network:
+        n_p2p = unpaired_p2p(graph)
+        if n_p2p:
+            raise WhatIfError(f"network what-if: job {graph.job} has {n_p2p} point-to-point "
+                              "calls (send/recv) that the replay matches as group-wide "
+                              "collectives, not sender-receiver pairs, so it would price "
+                              "their transfers wrong; it does not project them onto another "
+                              "network yet (docs/collectives.md)")
         src, dst = source_network(graph, scenario), target_network(graph, scenario)
         if dst is not None and dst.placement is not None:
             dst.placement.check_covers(world_size(graph), graph.job)

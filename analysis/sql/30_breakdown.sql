@@ -3,9 +3,13 @@
 -- what: compute (non-communication kernels), comm (communication kernels), memcpy (memcpy
 --   and memset), cpu (top-level work on the thread that runs the step annotation, except
 --   device/stream/event synchronize calls, which wait for the GPU rather than feed it).
---   On a rank without GPU ops (CPU-only, e.g. gloo) compute is top-level CPU ops on
---   non-gloo threads (depth 0, or just under the step annotation) and comm is the gloo:*
---   spans on the gloo threads. `tracetool replay` reads this view for its breakdown, so the
+--   On a rank without GPU ops (CPU-only, e.g. gloo) comm is the gloo:* spans (any thread)
+--   and compute is the outermost work on the non-gloo threads: cpu_ops and user
+--   annotations (a record_function such as fwd_mb0, DistributedDataParallel.forward,
+--   Optimizer.step) whose parent is not itself counted, each instant once (step_breakdown
+--   takes the interval union); work that encloses the start of a gloo span of its thread
+--   (c10d::send around its gloo:send, an annotation around a blocking receive) is not
+--   counted itself, its other children are: the wait inside it is comm, not compute. `tracetool replay` reads this view for its breakdown, so the
 --   measured and projected breakdowns are made of the same events.
 CREATE OR REPLACE VIEW breakdown_events WITH (DEFER_BINDING) AS
 WITH ps AS MATERIALIZED (  -- each small table read once (a Parquet file per rank each)
@@ -27,17 +31,34 @@ cpu AS (  -- top-level work on the step's thread (depth 0, or just under the ste
                      'python_function')
       AND NOT starts_with(e.name, 'ProfilerStep#')
       AND e.name NOT ILIKE '%synchronize%' AND e.name NOT IN ('cudaMemcpy', 'hipMemcpy')),
-cpu_only AS (  -- ranks without GPU ops: CPU compute vs gloo transfer
-    SELECT e.job, e.rank, e.eid, e.ts_ns, e.end_ns,
-           CASE WHEN starts_with(e.name, 'gloo:') THEN 'comm' ELSE 'compute' END AS what
+cpu_only_ev AS MATERIALIZED (  -- ranks without GPU ops: their events on CPU threads
+    SELECT e.job, e.rank, e.eid, e.parent_eid, e.track_id, e.ts_ns, e.end_ns,
+           starts_with(e.name, 'gloo:') AS gloo,
+           e.kind IN ('cpu_op', 'user_annotation') AND NOT starts_with(e.name, 'gloo:')
+           AND NOT starts_with(e.name, 'ProfilerStep#')
+           AND NOT coalesce(t.thread_name, '') LIKE '%gloo%' AS work
     FROM events e
     SEMI JOIN cpu_only_ranks c ON c.job = e.job AND c.rank = e.rank
     JOIN tracks t ON t.job = e.job AND t.rank = e.rank AND t.track_id = e.track_id
-    LEFT JOIN ps p ON p.job = e.job AND p.rank = e.rank AND p.eid = e.parent_eid
-    WHERE e.ph = 'X' AND t.track_kind = 'cpu_thread'
-      AND (starts_with(e.name, 'gloo:')
-           OR (e.kind = 'cpu_op' AND NOT coalesce(t.thread_name, '') LIKE '%gloo%'
-               AND (e.depth = 0 OR p.eid IS NOT NULL))))
+    WHERE e.ph = 'X' AND t.track_kind = 'cpu_thread'),
+cpu_wrappers AS (  -- work that encloses a gloo span of its thread (c10d::send around its
+                   -- gloo:send, an annotation around a blocking call): the wait is comm
+    SELECT DISTINCT w.job, w.rank, w.eid
+    FROM cpu_only_ev w JOIN cpu_only_ev g
+      ON g.job = w.job AND g.rank = w.rank AND g.track_id = w.track_id
+     AND g.ts_ns >= w.ts_ns AND g.ts_ns < w.end_ns
+    WHERE w.work AND g.gloo),
+cpu_work AS (
+    SELECT v.*, v.work AND x.eid IS NULL AS counted
+    FROM cpu_only_ev v
+    LEFT JOIN cpu_wrappers x ON x.job = v.job AND x.rank = v.rank AND x.eid = v.eid),
+cpu_only AS (  -- CPU compute: the outermost work (its parent is not counted work) that
+               -- encloses no gloo span; comm: the gloo:* spans
+    SELECT v.job, v.rank, v.eid, v.ts_ns, v.end_ns,
+           CASE WHEN v.gloo THEN 'comm' ELSE 'compute' END AS what
+    FROM cpu_work v
+    LEFT JOIN cpu_work p ON p.job = v.job AND p.rank = v.rank AND p.eid = v.parent_eid
+    WHERE v.gloo OR (v.counted AND NOT coalesce(p.counted, FALSE)))
 SELECT * FROM gpu UNION ALL SELECT * FROM cpu UNION ALL SELECT * FROM cpu_only;
 
 -- @view step_intervals: the busy intervals of each step's breakdown: breakdown_events
