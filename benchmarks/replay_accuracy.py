@@ -97,6 +97,20 @@ def validation_settings(settings: dict[str, dict]) -> tuple[list[str], list[str]
     return names, missing
 
 
+# The captures of measured.json ("captures", by index) the constants are fitted on. The
+# 2026-12-03 capture (1) is validation only, all of it: its 10 Gbit/s settings ran CPU-bound
+# on 2 cores (the allreduce at 2-6x its bandwidth theory), which the transport model does not
+# express, so a refit on it moves SHARED_FILL by pairs it cannot change (0) and the network
+# terms to x/1.6 and x/2.2; its errors are reported as what such jobs should expect.
+FIT_CAPTURES = (0,)
+
+
+def unfitted_captures(settings: dict[str, dict]) -> list[str]:
+    """The settings of captures outside FIT_CAPTURES: held out of every fit like
+    validation.json's."""
+    return [n for n, s in settings.items() if s.get("capture", 0) not in FIT_CAPTURES]
+
+
 def live_constants() -> dict[str, float]:
     """The constants fitted on ground truth this benchmark validates, as the code holds them:
     SHARED_FILL and the band's network terms (netlab; the GPU and host terms are
@@ -334,6 +348,7 @@ def matrix(title: str, names: list[str], pairs: list[Pair], truth: dict[str, flo
 def network(store: Path) -> dict:
     settings = load_settings()
     held_out, missing = validation_settings(settings)
+    held_out += [n for n in unfitted_captures(settings) if n not in held_out]
     families = netlab_families(settings)
     lab = Netlab(store, settings)
     study = Study(lab, families, held_out)
