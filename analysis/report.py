@@ -33,7 +33,7 @@ from tracetool.analysis.step_timeline import choose_step, timeline_data
 from tracetool.errors import one_line
 from tracetool.numbers import round_ns
 from tracetool.outputs import write_text
-from tracetool.text import markdown_cell, printable
+from tracetool.text import markdown_cell, number_ranges, printable
 
 TOP = 15  # rows of the top kernels / ops tables and chart
 NAME_WIDTH = 80  # long C++ kernel names are cut to this in tables (never in JSON)
@@ -514,13 +514,7 @@ def _left_out(incomplete: list[dict[str, Any]]) -> str | None:
 
 def _step_ranges(steps: list[int]) -> str:
     """[2, 3, 4, 7] -> 'steps 2-4, 7' ('step 7' alone)."""
-    out, start = [], None
-    for i, n in enumerate(steps):
-        start = n if start is None else start
-        if i + 1 == len(steps) or steps[i + 1] != n + 1:
-            out.append(str(n) if start == n else f"{start}-{n}")
-            start = None
-    return f"step{'s' if len(steps) > 1 else ''} {', '.join(out)}"
+    return f"step{'s' if len(steps) > 1 else ''} {number_ranges(steps, ', ')}"
 
 
 def _sections(s: dict[str, Any], charts: dict[str, str], store: Path | str | None
@@ -727,7 +721,7 @@ def collective_links_section(rows: list[dict[str, Any]], where: str, top: int = 
         return sec
     sec.tables.append((["kind", "group", "links", "n", "MB", "transfer ms", "projected ms",
                         "exposed ms", "projected exposed ms"], [
-        [r["kind"], _rank_ranges(r["group"]), "+".join(r["links"] or ["?"]),
+        [r["kind"], number_ranges(r["group"]), "+".join(r["links"] or ["?"]),
          str(r["instances"]), f"{r['bytes'] / 1e6:.3f}" if r["sized"] else "?",
          _ms(r["measured_transfer_ns"]), _ms(r["projected_transfer_ns"]),
          _ms(r["measured_exposed_ns"]), _ms(r["projected_exposed_ns"])]
@@ -737,12 +731,3 @@ def collective_links_section(rows: list[dict[str, Any]], where: str, top: int = 
     return sec
 
 
-def _rank_ranges(ranks: list[int]) -> str:
-    """[0, 1, 2, 5] -> '0-2,5'."""
-    out, start = [], None
-    for i, r in enumerate(ranks):
-        start = r if start is None else start
-        if i + 1 == len(ranks) or ranks[i + 1] != r + 1:
-            out.append(str(start) if start == r else f"{start}-{r}")
-            start = None
-    return ",".join(out)

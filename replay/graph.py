@@ -55,6 +55,7 @@ from tracetool.analysis.critical_path import GAP_FLOOR_NS
 from tracetool.errors import InputError
 from tracetool.graph import CLASSES, KIND_NAMES
 from tracetool.schema import MAX_RANK, MAX_STEP
+from tracetool.text import number_ranges
 
 # roles of an edge in the replay: what a scenario may change about it
 FIXED, OP_DURATION, COMM_DURATION, TRANSFER, ARRIVAL = range(5)
@@ -176,7 +177,7 @@ def resolve_ranks(con: duckdb.DuckDBPyConnection, job: str,
     inside, missing = ranks.pick(have)
     if missing:
         gaps = ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in missing)
-        raise InputError(f"--ranks: job {job} has no rank {gaps} (ranks: {_ranges(have)})")
+        raise InputError(f"--ranks: job {job} has no rank {gaps} (ranks: {number_ranges(have)})")
     return inside
 
 
@@ -209,17 +210,6 @@ def replica_ranks(con: duckdb.DuckDBPyConnection, job: str, have: list[int]
     raise InputError(f"--ranks replica: cannot tell job {job}'s data-parallel replica "
                      f"({why}); give the ranks, e.g. --ranks 0,1")
 
-
-def _ranges(ranks: list[int]) -> str:
-    """[0, 1, 2, 5] -> '0-2,5'."""
-    out, start = [], None
-    for i, r in enumerate(ranks):
-        if start is None:
-            start = r
-        if i + 1 == len(ranks) or ranks[i + 1] != r + 1:
-            out.append(str(start) if start == r else f"{start}-{r}")
-            start = None
-    return ",".join(out)
 
 
 class Lazy(Mapping):
@@ -332,7 +322,7 @@ class ReplayGraph:
                        "call that names no group), the untraced ranks assumed to run as the "
                        "traced ones do (symmetric peers)")
         if self.bounds.ranks is not None:
-            out.append(f"replayed ranks {_ranges(self.replayed_ranks.tolist())} of "
+            out.append(f"replayed ranks {number_ranges(self.replayed_ranks.tolist())} of "
                        f"{len(self.ranks)}")
         if self.partial:
             out.append(f"{self.partial} collective(s) wait for ranks or steps outside the "

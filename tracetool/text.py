@@ -127,3 +127,14 @@ def short_names(names: list[str], width: int = 60) -> list[str]:
         if seen[label] > 1:
             out[i] = f"{label} #{seen[label]}"
     return out
+
+
+def number_ranges(values: list[int], sep: str = ",") -> str:
+    """Sorted whole numbers as runs: [0, 1, 2, 5] -> '0-2,5' (ranks, steps)."""
+    out, start = [], None
+    for i, n in enumerate(values):
+        start = n if start is None else start
+        if i + 1 == len(values) or values[i + 1] != n + 1:
+            out.append(str(n) if start == n else f"{start}-{n}")
+            start = None
+    return sep.join(out)
