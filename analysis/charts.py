@@ -36,10 +36,14 @@ BREAKDOWN_PARTS = (  # (summary key, label, colour): they add up to the step's d
 
 
 def breakdown_part_ns(row: dict[str, Any], key: str) -> float:
-    """A bar's part in ns (BREAKDOWN_PARTS): idle less its unexplained gap (step_breakdown's
-    idle_ns includes it), the rest as the row has them."""
+    """A bar's part in ns: idle less its unexplained gap (step_breakdown's idle_ns includes
+    it), the rest as the row has them. Keys with or without ``_ns`` (the report's rows,
+    replay's breakdowns); the gap is always ``unexplained_gap_ns``."""
+    gap = row.get("unexplained_gap_ns") or 0
+    if key.removesuffix("_ns") == "unexplained_gap":
+        return gap
     value = row.get(key) or 0
-    return value - (row.get("unexplained_gap_ns") or 0) if key == "idle_ns" else value
+    return value - gap if key.removesuffix("_ns") == "idle" else value
 
 
 def import_charting() -> None:
@@ -166,7 +170,8 @@ def _serve() -> None:
         sys.stdout.buffer.flush()
 
 
-def _figure(width: float, height: float) -> Any:
+def figure(width: float, height: float) -> Any:
+    """A matplotlib figure on the Agg canvas (no pyplot state, safe in threads)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -192,7 +197,7 @@ def draw_breakdown(job: str, breakdown: list[dict[str, Any]], cpu_only: bool,
     from matplotlib.patches import Patch
 
     n = len(breakdown)
-    fig = _figure(min(20, max(7, 0.6 * n + 3)), 5)
+    fig = figure(min(20, max(7, 0.6 * n + 3)), 5)
     ax = fig.add_subplot()
     x = np.arange(n, dtype=float)
     bottom = np.zeros(n)
@@ -220,7 +225,7 @@ def draw_top(job: str, top: dict[str, Any], path: Path) -> None:
     kernels = top["what"] == "kernels"
     key = "total_ns" if kernels else "self_ns"
     rs = top["rows"]
-    fig = _figure(11, max(3, 0.35 * len(rs) + 1.5))
+    fig = figure(11, max(3, 0.35 * len(rs) + 1.5))
     ax = fig.add_subplot()
     y = list(range(len(rs)))
     cats = [r.get("category") or "other" for r in rs] if kernels else ["cpu"] * len(rs)
@@ -245,7 +250,7 @@ def draw_top(job: str, top: dict[str, Any], path: Path) -> None:
 def draw_skew(job: str, ranks: list[int], grid: np.ndarray, path: Path) -> None:
     """Heatmap of ranks x collective instances (in time order); colour = how long the rank
     waited for the last one to arrive (ms; NaN where the rank has no call)."""
-    fig = _figure(min(20, max(7, 0.25 * grid.shape[1] + 3)),
+    fig = figure(min(20, max(7, 0.25 * grid.shape[1] + 3)),
                   min(MOST_INCHES, max(3, 0.35 * len(ranks) + 2)))
     ax = fig.add_subplot()
     im = ax.imshow(np.ma.masked_invalid(grid), aspect="auto", cmap="viridis",
@@ -273,7 +278,7 @@ def draw_critical_path(bars: dict[str, Any], job: str, out: Path) -> None:
     from matplotlib.patches import Patch
 
     ranks, kinds = bars["ranks"], bars["kinds"]
-    fig = _figure(12, min(MOST_INCHES, max(3, 0.5 * len(ranks) + 2)))
+    fig = figure(12, min(MOST_INCHES, max(3, 0.5 * len(ranks) + 2)))
     ax = fig.add_subplot()
     colours = [colour(k) for k in kinds]  # one palette: a kind's colour never moves
     x0, x1 = bars["start_ns"] / 1e6, (bars["start_ns"] + bars["dur_ns"]) / 1e6
@@ -305,7 +310,7 @@ def draw_step_timeline(t: dict[str, Any], out: Path) -> None:
     from matplotlib.patches import Patch
 
     lanes, span_ms = t["lanes"], t["span_ms"]
-    fig = _figure(13, max(3.0, 0.42 * len(lanes) + 1.6))
+    fig = figure(13, max(3.0, 0.42 * len(lanes) + 1.6))
     ax = fig.add_subplot()
     lane, x0, x1, what = t["lane"], t["x0"], t["x1"], t["what"]
     h = np.where((what == "cpu") & (t["depth"] > 0), 0.35, 0.7)

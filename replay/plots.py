@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from tracetool.analysis.charts import breakdown_part_ns, figure
 from tracetool.outputs import save_png
 from tracetool.palette import colour
 
@@ -18,27 +19,11 @@ PARTS = tuple((k, label, colour(k)) for k, label in (
     ("unexplained_gap", "unexplained gap (GPU idle, work queued)")))
 
 
-def _part(p: dict[str, int], key: str) -> int:
-    """A bar's part in ns: idle less its unexplained gap, which stacks on its own."""
-    gap = p.get("unexplained_gap_ns", 0)
-    if key == "unexplained_gap":
-        return gap
-    return p.get(key, 0) - (gap if key == "idle" else 0)
-
-
-def _figure(width: float, height: float) -> Any:
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(width, height), dpi=100)
-    FigureCanvasAgg(fig)
-    return fig
-
 
 def _stack(ax: Any, x: list[float], parts: list[dict[str, int]], width: float) -> None:
     bottom = [0.0] * len(x)
     for key, label, fill in PARTS:
-        ms = [max(0, _part(p, key)) / 1e6 for p in parts]
+        ms = [max(0, breakdown_part_ns(p, key)) / 1e6 for p in parts]
         if key == "unexplained_gap" and not any(ms):
             continue  # named only where there is one
         ax.bar(x, ms, width, bottom=bottom, color=fill, label=label)
@@ -50,7 +35,7 @@ def plot_replay(result: ReplayResult, path: Path) -> Any:
     unexplained gap on its own where there is one), with the projection's uncertainty band;
     returns the figure (saved to ``path``)."""
     steps = result.steps
-    fig = _figure(max(6, 1.2 * len(steps) + 3), 4.5)
+    fig = figure(max(6, 1.2 * len(steps) + 3), 4.5)
     ax = fig.add_subplot()
     xs = list(range(len(steps)))
     _stack(ax, [x - 0.2 for x in xs], [s.measured for s in steps], 0.38)
@@ -92,7 +77,7 @@ def plot_sweep(rows: list[dict], axis: str, path: Path) -> Any:
     facet_key = varying[2] if len(varying) > 2 else None
     facets = list(dict.fromkeys(r["axes"][facet_key] for r in rows)) if facet_key else [None]
     xs = list(dict.fromkeys(r["axes"][x_key] for r in rows))
-    fig = _figure(min(6 * len(facets), 18), 4.5)
+    fig = figure(min(6 * len(facets), 18), 4.5)
     axes = fig.subplots(1, len(facets), sharey=True, squeeze=False)[0]
     for ax, facet in zip(axes, facets, strict=True):
         mine = [r for r in rows if facet is None or r["axes"][facet_key] == facet]
@@ -126,7 +111,7 @@ def plot_sweep(rows: list[dict], axis: str, path: Path) -> Any:
 
 def _sweep_bars(rows: list[dict], axis: str, path: Path) -> Any:
     """One stacked bar per setting, with its band, and the measured step time as a line."""
-    fig = _figure(max(6, 0.8 * len(rows) + 3), 4.5)
+    fig = figure(max(6, 0.8 * len(rows) + 3), 4.5)
     ax = fig.add_subplot()
     xs = list(range(len(rows)))
     _stack(ax, xs, [r["projected_breakdown_ns"] for r in rows], 0.7)
