@@ -3,7 +3,10 @@
 One process per rank ("rank R"), one thread per track of that rank (named as in the trace),
 and a "critical path" thread per rank holding the path's segments, chained by flow arrows
 (cat ``critical_path``) so the path can be followed across threads, streams and ranks.
-Times are microseconds from the path's start, written with three decimals (exact ns).
+Counter tracks beside them, as HTA's augmented counters (``_COUNTERS_JSON``): each stream's
+launch-queue length, memory-copy bandwidth by direction, and allocated / reserved memory per
+device, from the views of the same names. Times are microseconds from the path's start,
+written with three decimals (exact ns).
 """
 
 from __future__ import annotations
@@ -98,6 +101,34 @@ ORDER BY rank, ts_ns, eid
 """
 
 
+# Counter tracks (ph C) as JSON text, on each rank's process within [$t0, $t1]: the step
+# functions of stream_queue_length (the rows that change it: launches and starts),
+# memory_bw_time_series (each segment's start) and memory_timeline (allocated and reserved
+# bytes after each allocator event). Perfetto names a track "<name> <arg key>".
+_COUNTERS_JSON = f"""
+WITH c AS (
+    SELECT rank, ts_ns, eid AS o, 'queue length (device ' || device || ' stream ' || stream
+               || ')' AS name, '{{"ops":' || queue_length || '}}' AS args
+    FROM stream_queue_length
+    WHERE job = $job AND event <> 'end' AND list_contains($ranks, rank)
+      AND ts_ns BETWEEN $t0 AND $t1
+    UNION ALL
+    SELECT rank, start_ns, 0, 'memory bandwidth ' || direction,
+           '{{"GB/s":' || bw_gbps || '}}'
+    FROM memory_bw_time_series
+    WHERE job = $job AND list_contains($ranks, rank) AND start_ns BETWEEN $t0 AND $t1
+    UNION ALL
+    SELECT rank, ts_ns, eid, 'memory (' || device_type || ':' || device || ')',
+           '{{"allocated bytes":' || allocated_bytes
+           || coalesce(',"reserved bytes":' || reserved_bytes, '') || '}}'
+    FROM memory_timeline
+    WHERE job = $job AND list_contains($ranks, rank) AND ts_ns BETWEEN $t0 AND $t1)
+SELECT '{{"ph":"C","name":' || to_json(name) || ',"pid":' || rank || ',"ts":'
+       || {us_sql("(ts_ns - $t0)")} || ',"args":' || args || '}}'
+FROM c ORDER BY rank, name, ts_ns, o
+"""
+
+
 # The path's segments as JSON text, built in DuckDB over the Arrow table of them registered
 # as _path_trace_segments (critical_path's columns; ``{missing}`` adds the optional ones it
 # lacks): each segment's slice on its rank's "critical path" thread, then, when the next
@@ -166,6 +197,7 @@ def write_path_trace(con: duckdb.DuckDBPyConnection, job: str, segments: pa.Tabl
                        track_kind FROM tracks WHERE job = ? AND n_events > 0
                   AND list_contains(?, rank)""", [job, ranks]).fetchall()])
         events.query(con, _EVENTS_JSON, {"job": job, "t0": t0, "t1": t1, "ranks": ranks})
+        events.query(con, _COUNTERS_JSON, {"job": job, "t0": t0, "t1": t1, "ranks": ranks})
         missing = "".join(f", NULL::{t} AS {c}" for c, t in _OPTIONAL.items()
                           if c not in segments.column_names)
         events.query(con, _SEGMENTS_JSON.replace("{missing}", missing), {"t0": t0},
