@@ -12,6 +12,7 @@ from tracetool.analysis.connect import open_job
 from tracetool.analysis.per_rank import RankTaskError, gather_on_ray
 from tracetool.analysis.report import first_line, make_report, to_json
 from tracetool.analysis.windows import use_windows
+from tracetool.analysis.workbook import write_workbook
 from tracetool.cli._errors import fail_line
 from tracetool.cli._job import window_options, windows_of
 from tracetool.cli._store import store_arg
@@ -32,13 +33,16 @@ from tracetool.outputs import OutputError, check_output
 @click.option("--include-incomplete", is_flag=True,
               help="Also the incomplete steps (cut by the trace window, open, or missing on "
                    "some ranks; docs/steps.md) in the statistics and the critical path.")
+@click.option("--xlsx", is_flag=True,
+              help="Also write report.xlsx: a sheet per table of the summary (the records "
+                   "--json prints), numbers as numbers, times in ms, units in the headers.")
 @click.option("--executor", type=click.Choice(["local", "ray"]), default="local",
               show_default=True,
               help="ray: the per-rank analyses (step breakdown, kernel and op summaries) as "
                    "one Ray task per rank on the cluster RAY_ADDRESS names (else a local one).")
 def report_command(store: Path | str, out: Path, job: str | None, as_json: bool,
                    annotation: str | None, instance: int | None, window: str | None,
-                   include_incomplete: bool, executor: str) -> None:
+                   include_incomplete: bool, xlsx: bool, executor: str) -> None:
     """Summarise one job of STORE: step times per rank, where a step goes (compute, exposed
     communication, memcpy, idle), the top kernels (top CPU ops for a CPU-only job), the
     collectives and how long ranks waited at them, and the critical path when
@@ -63,6 +67,9 @@ def report_command(store: Path | str, out: Path, job: str | None, as_json: bool,
             report = make_report(con, job, out, store=store,
                                  include_incomplete=include_incomplete, windows=windows.label)
             report.summary["per_rank_tasks"] = tasks  # Ray tasks of the per-rank analyses
+            if xlsx:
+                write_workbook(report.summary, out / "report.xlsx")
+                report.summary["files"]["xlsx"] = str(out / "report.xlsx")
         except InputError as err:
             fail_line(str(err), code=2)
         except (duckdb.Error, OSError) as err:
