@@ -247,6 +247,26 @@ def draw_top(job: str, top: dict[str, Any], path: Path) -> None:
     save_png(fig, path)
 
 
+def draw_memory(job: str, mem: dict[str, Any], path: Path) -> None:
+    """Allocated (solid) and reserved (dashed) memory over one step of one rank, a line per
+    device: a step function, as the allocator's levels hold until its next event."""
+    fig = figure(11, 4.5)
+    ax = fig.add_subplot()
+    for s in mem["series"]:
+        line, = ax.step(s["ms"], s["allocated_mb"], where="post",
+                        label=f"{printable(s['device'])} allocated")
+        if any(v is not None for v in s["reserved_mb"]):
+            ax.step(s["ms"], [np.nan if v is None else v for v in s["reserved_mb"]],
+                    where="post", linestyle="--", color=line.get_color(),
+                    label=f"{printable(s['device'])} reserved")
+    ax.set_xlabel(f"ms from the start of step {mem['step']}")
+    ax.set_ylabel("MB" + (" (relative: no allocator totals)" if mem["relative"] else ""))
+    ax.set_title(f"{job}: memory over step {mem['step']} of rank {mem['rank']} "
+                 "(the step of its highest peak)")
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=8)
+    save_png(fig, path)
+
+
 def draw_skew(job: str, ranks: list[int], grid: np.ndarray, path: Path) -> None:
     """Heatmap of ranks x collective instances (in time order); colour = how long the rank
     waited for the last one to arrive (ms; NaN where the rank has no call)."""
@@ -339,7 +359,7 @@ def draw_step_timeline(t: dict[str, Any], out: Path) -> None:
     save_png(fig, out)
 
 
-DRAWINGS = ("draw_breakdown", "draw_top", "draw_skew", "draw_critical_path",
+DRAWINGS = ("draw_breakdown", "draw_top", "draw_skew", "draw_memory", "draw_critical_path",
             "draw_step_timeline")
 
 if __name__ == "__main__":

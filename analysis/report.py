@@ -23,6 +23,7 @@ from tracetool.analysis.charts import (
     ChartDrawer,
     draw_breakdown,
     draw_critical_path,
+    draw_memory,
     draw_skew,
     draw_step_timeline,
     draw_top,
@@ -38,7 +39,9 @@ from tracetool.text import markdown_cell, number_ranges, printable
 TOP = 15  # rows of the top kernels / ops tables and chart
 NAME_WIDTH = 80  # long C++ kernel names are cut to this in tables (never in JSON)
 CHART_FILES = ("breakdown.png", "top_kernels.png", "top_cpu_ops.png", "collective_skew.png",
-               "critical_path.png", "step_timeline.png", "step_timeline.json")
+               "memory.png", "critical_path.png", "step_timeline.png", "step_timeline.json")
+
+
 def first_line(err: BaseException) -> str:
     """An error's message in one line (DuckDB's run to several; ``errors.one_line``)."""
     return one_line(err)
@@ -97,6 +100,7 @@ def summarize(con: duckdb.DuckDBPyConnection, job: str, include_incomplete: bool
         "breakdown": charted["breakdown"],
         "top": charted["top"],
         "collectives": charted["collectives"],
+        "memory_peaks": memory_peaks(con, job, include_incomplete),
         # a job of one rank of many, then how well collectives matched
         "warnings": [w for w in [job_missing_ranks_note(con, job)] if w]
         + collective_warnings(con, job),
@@ -121,6 +125,48 @@ def step_stats(con: duckdb.DuckDBPyConnection, job: str, all_steps: bool = False
                min(dur_ns) AS min_ns, max(dur_ns) AS max_ns
         FROM steps WHERE job = $job AND (complete OR $all) GROUP BY rank ORDER BY rank""",
                 {"job": job, "all": all_steps})
+
+
+def memory_peaks(con: duckdb.DuckDBPyConnection, job: str, all_steps: bool = False
+                 ) -> list[dict[str, Any]]:
+    """Per rank and device with allocator events: the step (complete ones, every one with
+    ``all_steps``) of the highest memory_peaks peak, with what held the memory then."""
+    return rows(con, """
+        WITH p AS (
+            SELECT m.* FROM memory_peaks m
+            JOIN steps s ON s.job = m.job AND s.rank = m.rank AND s.step = m.step
+            WHERE m.job = $job AND (s.complete OR $all))
+        SELECT rank, device_type, device, count(*) AS n_steps,
+               arg_max(step, (peak_allocated_bytes, -step)) AS step,
+               max(peak_allocated_bytes) AS peak_allocated_bytes,
+               arg_max(peak_reserved_bytes, (peak_allocated_bytes, -step))
+                   AS peak_reserved_bytes,
+               arg_max(live_at_peak_bytes, (peak_allocated_bytes, -step)) AS live_at_peak_bytes,
+               arg_max(peak_top_op_name, (peak_allocated_bytes, -step)) AS peak_top_op_name,
+               bool_or(relative) AS relative
+        FROM p GROUP BY ALL ORDER BY rank, device_type, device""",
+                {"job": job, "all": all_steps})
+
+
+def memory_series(con: duckdb.DuckDBPyConnection, job: str, peaks: list[dict[str, Any]]
+                  ) -> dict[str, Any] | None:
+    """The memory over the step of the job's highest device peak (the host's when no device
+    has events), on that rank: per device, ms from the step's start, allocated and reserved
+    MB (memory_timeline); None without allocator events."""
+    if not peaks:
+        return None
+    top = max(peaks, key=lambda r: (r["device_type"] != "cpu", r["peak_allocated_bytes"]))
+    series = rows(con, """
+        SELECT m.device_type || ':' || m.device AS device,
+               list((m.ts_ns - s.start_ns) / 1e6 ORDER BY m.ts_ns, m.eid) AS ms,
+               list(m.allocated_bytes / 1e6 ORDER BY m.ts_ns, m.eid) AS allocated_mb,
+               list(m.reserved_bytes / 1e6 ORDER BY m.ts_ns, m.eid) AS reserved_mb
+        FROM memory_timeline m
+        JOIN steps s ON s.job = m.job AND s.rank = m.rank AND s.step = m.step
+        WHERE m.job = $job AND m.rank = $rank AND m.step = $step
+        GROUP BY ALL ORDER BY device""", {"job": job, "rank": top["rank"], "step": top["step"]})
+    return {"rank": top["rank"], "step": top["step"], "relative": top["relative"],
+            "series": series}
 
 
 def incomplete_steps(con: duckdb.DuckDBPyConnection, job: str) -> list[dict[str, Any]]:
@@ -422,6 +468,10 @@ def make_report(con: duckdb.DuckDBPyConnection, job: str, out_dir: Path | str,
             drawer.draw(draw_critical_path, critical_path_bars(cp_path), job,
                         out / charts["critical_path"])
         summary["step_timeline"] = step_timeline(con, job, cp_path, out, charts, drawer)
+        mem = memory_series(con, job, summary["memory_peaks"])
+        if mem is not None:
+            charts["memory"] = "memory.png"
+            drawer.draw(draw_memory, job, mem, out / charts["memory"])
         drawer.wait()
     sections = _sections(summary, charts, store)
     title = f"tracetool report: job {job}"
@@ -601,6 +651,9 @@ def _sections(s: dict[str, Any], charts: dict[str, str], store: Path | str | Non
         coll.lines.append("No collective calls recorded.")
     out.append(coll)
 
+    if s.get("memory_peaks"):
+        out.append(_memory_section(s["memory_peaks"], charts))
+
     cp = s["critical_path"]
     st = s.get("step_timeline")
     if st:
@@ -628,6 +681,27 @@ def _sections(s: dict[str, Any], charts: dict[str, str], store: Path | str | Non
     if st:
         out.append(tl)
     return out
+
+
+def _memory_section(peaks: list[dict[str, Any]], charts: dict[str, str]) -> Section:
+    sec = Section("Memory (allocator events)", image=charts.get("memory"))
+    sec.lines.append("The highest peak of allocated memory over the steps, per rank and "
+                     "device (memory_peaks); held by this trace's allocations: what was "
+                     "allocated in the trace and still live then (the rest predates it).")
+    if any(r["relative"] for r in peaks):
+        sec.lines.append("Relative levels: the trace records no allocator totals, so the "
+                         "levels are sums of its allocations from its first event.")
+    sec.tables.append((["rank", "device", "step", "peak MB", "reserved MB",
+                        "held by this trace's allocations MB", "peak reached in"], [
+        [str(r["rank"]), f"{r['device_type']}:{r['device']}", str(r["step"]),
+         _mb_of(r["peak_allocated_bytes"]), _mb_of(r["peak_reserved_bytes"]),
+         _mb_of(r["live_at_peak_bytes"]), _short(r["peak_top_op_name"] or "")]
+        for r in peaks]))
+    return sec
+
+
+def _mb_of(nbytes: int | None) -> str:
+    return "" if nbytes is None else f"{nbytes / 1e6:,.1f}"
 
 
 def text_table(headers: list[str], body: list[list[str]]) -> list[str]:

@@ -182,3 +182,28 @@ def test_chrome_trace_carries_counter_tracks(store: Path, tmp_path: Path) -> Non
     n_ops = c.execute("SELECT count(*) FROM gpu_ops WHERE job = 'bert' AND launch_eid IS NOT "
                       "NULL AND device = ? AND stream = ?", [d, s]).fetchone()[0]
     assert len(q) == 2 * n_ops and q[-1] == 0 and min(q) == 0
+
+
+def test_report_shows_the_highest_peak_and_charts_the_step(store: Path, tmp_path: Path) -> None:
+    code, stdout, err = run("report", store, "--job", "bert", "--out", tmp_path / "rep", "--json")
+    assert code == 0, err
+    summary = json.loads(stdout)
+    want = {(dt, dev): v for (dt, dev), v in peaks_by_device(BERT).items()}
+    got = {(r["device_type"], r["device"]): (r["step"], r["peak_allocated_bytes"],
+                                             r["peak_top_op_name"])
+           for r in summary["memory_peaks"]}
+    assert got == {k: (6, v, enclosing_ops(BERT, eid)[1]) for k, (v, eid) in want.items()}
+    assert summary["files"]["memory"] == str(tmp_path / "rep" / "memory.png")
+    assert (tmp_path / "rep" / "memory.png").stat().st_size > 0
+    md = (tmp_path / "rep" / "report.md").read_text()
+    assert "## Memory (allocator events)" in md and "101.3" in md
+
+
+def peaks_by_device(path: Path) -> dict[tuple, tuple[int, int]]:
+    """(device type, id) -> (peak Total Allocated, eid of the first event reaching it)."""
+    out: dict[tuple, tuple[int, int]] = {}
+    for i, e in memory_events(path):
+        v = e["args"]["Total Allocated"]
+        if device(e) not in out or v > out[device(e)][0]:
+            out[device(e)] = (v, i)
+    return out
