@@ -58,7 +58,7 @@ def op_class(op: str | None) -> str | None:
         return "gemm"
     if _ATTENTION.search(name):
         return "attention"
-    return "conv" if name in _CONV_ARGS else None
+    return "conv" if name in _CONV_ARGS or name == "aten::convolution_backward" else None
 
 
 @dataclass(frozen=True)
@@ -112,6 +112,28 @@ def _conv(name: str, tensors: list, concrete: list | None) -> tuple[int, int] | 
     return 2 * positions * _numel(w), positions * w[0]
 
 
+def _conv_backward(tensors: list, concrete: list | None) -> tuple[int, int] | None:
+    """(FLOPs, output elements) of aten::convolution_backward(grad_output, input, weight,
+    ..., output_mask): the input's gradient and the weight's, each a forward's FLOPs over
+    the grad_output's positions, as its output_mask (Concrete Inputs, the last argument)
+    asks; None without it or for a transposed convolution (argument 7)."""
+    if len(tensors) < 3 or not concrete:
+        return None
+    (g, _), (x, _), (w, _) = tensors[:3]
+    if not (len(g) == len(x) == len(w) >= 3) or str(concrete[7]).lower() != "false":
+        return None
+    try:
+        mask = json.loads(str(concrete[-1]).lower())
+    except ValueError:
+        return None
+    if not (isinstance(mask, list) and len(mask) == 3):
+        return None
+    positions = g[0] * math.prod(g[2:])
+    flops = 2 * positions * _numel(w) * (bool(mask[0]) + bool(mask[1]))
+    out = _numel(x) * bool(mask[0]) + _numel(w) * bool(mask[1]) + w[0] * bool(mask[2])
+    return flops, out
+
+
 def op_work(op: str, dims: list, types: list, concrete: list | None = None) -> Work | None:
     """FLOPs and bytes of a matmul, attention or convolution op from its Input Dims / Input
     type (and Concrete Inputs, which a convolution needs), None for any other op or when
@@ -140,14 +162,22 @@ def op_work(op: str, dims: list, types: list, concrete: list | None = None) -> W
             rows = _numel(x[:-1])
             flops, out = 2 * rows * x[-1] * w[0], rows * w[0]
         elif _ATTENTION.search(name) and len(tensors) >= 3:
-            (q, _), (k, _) = tensors[:2]
+            # a backward op's first tensor is the output's gradient, then q, k, v; it
+            # recomputes the scores and runs four more matmuls: 10 b h s_q s_k d, 2.5 x the
+            # forward's 4 (torch's sdpa_backward_flop_count), and writes dq, dk, dv
+            backward = name.endswith("_backward")
+            (q, _), (k, _) = tensors[1:3] if backward else tensors[:2]
             if len(q) == 4 and len(k) == 4:
-                # aten::_flash/_efficient_attention_forward: [batch, seq, heads, head_dim];
-                # the scaled_dot_product_* ops: [batch, heads, seq, head_dim]
-                seq_first = name.endswith("_attention_forward")
+                # aten::_flash/_efficient_attention_forward/backward: [batch, seq, heads,
+                # head_dim]; the scaled_dot_product_* ops: [batch, heads, seq, head_dim]
+                seq_first = not name.startswith("aten::_scaled_dot_product") and \
+                    name.endswith(("_attention_forward", "_attention_backward"))
                 b, h, s_q, d = (q[0], q[2], q[1], q[3]) if seq_first else q
                 s_k = k[1] if seq_first else k[2]
-                flops, out = 4 * b * h * s_q * s_k * d, _numel(q)
+                flops = (10 if backward else 4) * b * h * s_q * s_k * d
+                out = _numel(q) + 2 * _numel(k) if backward else _numel(q)
+        elif name == "aten::convolution_backward":
+            flops, out = _conv_backward(tensors, concrete) or (None, None)
         elif name in _CONV_ARGS:
             flops, out = _conv(name, tensors, concrete) or (None, None)
     except (IndexError, TypeError):
