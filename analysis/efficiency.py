@@ -90,3 +90,52 @@ def register(con: duckdb.DuckDBPyConnection) -> None:
                         [duckdb.list_type("VARCHAR"), "VARCHAR", "DOUBLE", "DOUBLE"],
                         duckdb.struct_type(_ROOFLINE_TYPE), null_handling="special",
                         side_effects=False)
+
+
+# ------------------------------------------------------------------------ the report's part
+
+_COLUMNS = ("op", "category", "input_dims", "count", "total_ns", "dtype", "flops", "bytes",
+            "intensity", "achieved_tflops", "achieved_tbps", "gpu", "runs_at", "peak_tflops",
+            "peak_tbps", "pct_peak", "bound", "roofline_ns", "pct_roofline", "note")
+
+
+def summary(con: duckdb.DuckDBPyConnection, job: str, top: int = 15) -> dict[str, Any] | None:
+    """The report's op-efficiency part, from the ``op_efficiency`` view: the ``top`` rows by
+    kernel time, the share of kernel time the shapes give work for, the GPU and the roofline
+    of the dtype with the most time (for the chart: one point per op and shape of that
+    dtype with FLOPs); None for a job without kernels."""
+    cur = con.execute(f"SELECT {', '.join(_COLUMNS)} FROM op_efficiency WHERE job = ?",
+                      [job])
+    rows = [dict(zip(_COLUMNS, r, strict=True)) for r in cur.fetchall()]
+    if not rows:
+        return None
+    total = sum(r["total_ns"] for r in rows)
+    worked = [r for r in rows if r["flops"] is not None]
+    by_dtype: dict[str, float] = {}
+    for r in worked:
+        if r["dtype"]:
+            by_dtype[r["dtype"]] = by_dtype.get(r["dtype"], 0) + r["total_ns"]
+    dtype = max(by_dtype, key=by_dtype.__getitem__) if by_dtype else None
+    names = [n for (n,) in con.execute(
+        "SELECT DISTINCT unnest(device_names) FROM trace_files WHERE job = ?", [job]
+    ).fetchall()]
+    gpu = _gpu_of(tuple(sorted({n for n in names if n})))
+    out: dict[str, Any] = {
+        "gpu": gpu.key if gpu else None, "gpu_name": gpu.name if gpu else None,
+        "devices": sorted({n for n in names if n}), "dtype": dtype,
+        "kernel_ns": total, "worked_ns": sum(r["total_ns"] for r in worked),
+        "rows": rows[:top], "roofline": None, "points": [], "other_dtypes": 0}
+    if gpu is not None and dtype is not None:
+        runs_at = gpu.runs_at(dtype)
+        out["roofline"] = {
+            "dtype": dtype, "runs_at": runs_at, "peak_tflops": gpu.tflops[runs_at],
+            "peak_tbps": gpu.hbm_gbps / 1e3,
+            "achievable_tflops": gpu.tflops[runs_at] * gpu.achievable["compute"],
+            "achievable_tbps": gpu.hbm_gbps / 1e3 * gpu.achievable["memory"],
+            "ridge": ridge_point(gpu, dtype)}
+        plotted = [r for r in worked if r["flops"] > 0 and r["achieved_tflops"]]
+        out["points"] = [{k: r[k] for k in ("op", "category", "intensity", "achieved_tflops",
+                                            "total_ns")}
+                         for r in plotted if r["dtype"] == dtype]
+        out["other_dtypes"] = sum(r["dtype"] != dtype for r in plotted)
+    return out

@@ -230,3 +230,37 @@ def test_formulas_by_hand() -> None:
     assert [op_class(o) for o in ("aten::addmm", "aten::_flash_attention_forward",
                                   "aten::miopen_convolution", "aten::add")] == \
         ["gemm", "attention", "conv", None]
+
+
+def test_the_reports_section_and_chart(con: duckdb.DuckDBPyConnection, tmp_path: Path
+                                       ) -> None:
+    """The section shows the view's top rows; the chart is drawn (make_report draws it when
+    there are points: test_report_browser checks roofline.png in DLRM's report)."""
+    from tracetool.analysis.charts import draw_roofline
+    from tracetool.analysis.efficiency import summary
+    from tracetool.analysis.report import op_efficiency_section
+
+    eff = summary(con, "bert", 15)
+    sec = op_efficiency_section(eff, "roofline.png")
+    top = con.execute("SELECT op, count, achieved_tflops, pct_peak, bound FROM op_efficiency "
+                      "WHERE job = 'bert' ORDER BY total_ns DESC LIMIT 1").fetchone()
+    (headers, body), = sec.tables
+    first = dict(zip(headers, body[0], strict=True))
+    assert (first["op"], first["count"], first["TFLOP/s"], first["% peak"], first["bound"]) \
+        == (top[0], str(top[1]), f"{top[2]:.2f}", f"{top[3]:.1f}", top[4])
+    assert len(body) == 15
+    assert sec.lines[0].startswith("FLOPs and bytes from the ops' recorded shapes cover 100.0% "
+                                   "of the kernel time")
+    # the chart's points: every BF16 op and shape with FLOPs (aten::all and aten::eq are on
+    # bool / int64 inputs, the three lookups only move data)
+    n = con.execute("SELECT count(*) FROM op_efficiency WHERE job = 'bert' AND dtype = 'bf16' "
+                    "AND flops > 0").fetchone()[0]
+    assert len(eff["points"]) == n == 10 and eff["other_dtypes"] == 2
+    draw_roofline("bert", eff, tmp_path / "roofline.png")
+    assert (tmp_path / "roofline.png").read_bytes()[:4] == b"\x89PNG"
+    # the unknown GPU: the rates, no roofline (no chart), and why
+    toy = summary(con, "toy", 15)
+    assert toy["roofline"] is None and toy["points"] == []
+    assert op_efficiency_section(toy, None).lines[1] == (
+        "GPU not in the catalog (AMD Radeon Graphics): achieved rates only, no % of peak, "
+        "bound or roofline.")
