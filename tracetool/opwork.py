@@ -139,7 +139,7 @@ def op_work(op: str, dims: list, types: list, concrete: list | None = None) -> W
     type (and Concrete Inputs, which a convolution needs), None for any other op or when
     they are not recorded."""
     tensors = [(d, t) for d, t in zip(dims, types, strict=False)
-               if isinstance(d, list) and d and all(isinstance(x, int) for x in d)]
+               if isinstance(d, list) and d and all(isinstance(x, int) and x >= 0 for x in d)]
     if not tensors:
         return None
     elem = ELEM_BYTES.get((tensors[0][1] or "").lower())
@@ -212,12 +212,12 @@ def _tensors(dims: list, types: list) -> list[tuple[list, str]]:
     """(shape, dtype name) of every tensor input, TensorList elements included."""
     out = []
     for d, t in zip(dims, types, strict=False):
-        if isinstance(d, list) and d and all(isinstance(x, int) for x in d):
+        if isinstance(d, list) and d and all(isinstance(x, int) and x >= 0 for x in d):
             out.append((d, str(t or "")))
         elif isinstance(d, list) and d and all(isinstance(x, list) for x in d):
             # a TensorList's type is "TensorList": its elements take the op's first dtype
             first = next((str(x) for x in types if str(x).lower() in ELEM_BYTES), "")
-            out += [(x, first) for x in d if x and all(isinstance(v, int) for v in x)]
+            out += [(x, first) for x in d if x and all(isinstance(v, int) and v >= 0 for v in x)]
     return out
 
 
@@ -282,7 +282,7 @@ def parse_json_list(text: str | None) -> list | None:
         return None
     try:
         v = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
     return v if isinstance(v, list) else None
 
@@ -297,8 +297,11 @@ def work_of(op: str | None, dims: str | None, types: str | None,
             concrete: str | None = None, *, any_op: bool = False) -> Work | None:
     """``op_work`` (or, with ``any_op``, ``op_counts``) of an op from its args' JSON text,
     as the store keeps them: the one entry point the replay and the analysis share."""
-    shapes = parse_shapes(dims, types)
-    if shapes is None:
-        return None
-    fn = op_counts if any_op else op_work
-    return fn(op or "", *shapes, parse_json_list(concrete))
+    try:
+        shapes = parse_shapes(dims, types)
+        if shapes is None:
+            return None
+        fn = op_counts if any_op else op_work
+        return fn(op or "", *shapes, parse_json_list(concrete))
+    except (ValueError, TypeError, IndexError, OverflowError, RecursionError):
+        return None  # args no profiler writes (a hostile or broken trace): no work
