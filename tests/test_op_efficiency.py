@@ -19,7 +19,7 @@ import pytest
 import tracetool
 from tracetool.analysis.efficiency import roofline_row
 from tracetool.hardware import catalog
-from tracetool.opwork import memory_bytes, op_class, op_work
+from tracetool.opwork import memory_bytes, op_class, op_work, work_of
 from tracetool.replay.model import Scenario, resolve_gpu
 from tracetool.replay.run import Replayer
 
@@ -227,6 +227,13 @@ def test_formulas_by_hand() -> None:
     assert memory_bytes("aten::index_select", [[30522, 512], [], [141]],
                         ["c10::BFloat16", "Scalar", "long int"], ["", "0", ""]) \
         == 141 * 8 + 2 * 141 * 512 * 2
+    # args no profiler writes: no work, never an error (the view's function would fail)
+    f2 = '["float","float"]'
+    assert work_of("aten::mm", "[" * 100_000, f2) is None
+    assert work_of("aten::mm", "[[1e400,2],[2,3]]", f2) is None
+    big = 10 ** 200  # FLOPs past a float's range
+    assert work_of("aten::mm", f"[[{big},2],[2,{big}]]", f2) is None
+    assert work_of("aten::add", "[[-5,2],[2,3]]", f2, any_op=True).flops == 6  # [2, 3] only
     assert [op_class(o) for o in ("aten::addmm", "aten::_flash_attention_forward",
                                   "aten::miopen_convolution", "aten::add")] == \
         ["gemm", "attention", "conv", None]
