@@ -359,8 +359,37 @@ def draw_step_timeline(t: dict[str, Any], out: Path) -> None:
     save_png(fig, out)
 
 
+def draw_roofline(job: str, eff: dict[str, Any], path: Path) -> None:
+    """Achieved TFLOP/s against arithmetic intensity, one point per op and shape (area by
+    its kernel time, colour by op class), under the GPU's roofline for the dtype with most
+    time: the peak (solid) and the achievable fractions replay's roofline uses (dashed)."""
+    roof, pts = eff["roofline"], eff["points"]
+    fig = figure(10, 6)
+    ax = fig.add_subplot()
+    xs = np.array([p["intensity"] for p in pts])
+    grid = np.logspace(np.log10(min(xs.min(), roof["ridge"]) / 4),
+                       np.log10(max(xs.max(), roof["ridge"]) * 4), 200)
+    ax.loglog(grid, np.minimum(roof["peak_tflops"], grid * roof["peak_tbps"]), color="black",
+              lw=1.2, label=f"peak ({roof['runs_at'].upper()}, HBM)")
+    ax.loglog(grid, np.minimum(roof["achievable_tflops"], grid * roof["achievable_tbps"]),
+              color="black", lw=1, ls="--", label="achievable (replay's roofline)")
+    most = max(p["total_ns"] for p in pts)
+    for cat in dict.fromkeys(p["category"] or "other" for p in pts):
+        mine = [p for p in pts if (p["category"] or "other") == cat]
+        ax.scatter([p["intensity"] for p in mine], [p["achieved_tflops"] for p in mine],
+                   s=[20 + 300 * p["total_ns"] / most for p in mine], color=colour(cat),
+                   alpha=0.75, edgecolors="white", linewidths=0.5, label=printable(cat))
+    ax.set_xlabel("arithmetic intensity (FLOP per byte)")
+    ax.set_ylabel("achieved TFLOP/s")
+    ax.set_title(printable(f"{job}: ops against the {eff['gpu_name']} roofline "
+                           f"({roof['dtype'].upper()}; area: kernel time)"))
+    ax.legend(loc="lower right", fontsize=8)
+    ax.grid(True, which="major", alpha=0.3)
+    save_png(fig, path)
+
+
 DRAWINGS = ("draw_breakdown", "draw_top", "draw_skew", "draw_memory", "draw_critical_path",
-            "draw_step_timeline")
+            "draw_step_timeline", "draw_roofline")
 
 if __name__ == "__main__":
     _serve()

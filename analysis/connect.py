@@ -17,6 +17,8 @@ from tracetool.objstore import is_object_store
 from tracetool.store_views import connect_store, table_files
 from tracetool.store_views import setup_sql as table_setup_sql
 
+from . import efficiency
+
 
 def view_files() -> list[tuple[str, str]]:
     """(file name, SQL text) of the analysis views, in the order they must be created."""
@@ -51,7 +53,9 @@ def connect(store: Path | str, con: duckdb.DuckDBPyConnection | None = None, *,
     default); in-memory and temporary tables work, and Python frames are queried after
     ``con.register(name, frame)``. (A COPY aimed at one of the store's own files with
     USE_TMP_FILE false or OVERWRITE is the one write DuckDB's settings cannot stop.)"""
-    return connect_store(store, con, allow_writes=allow_writes, dependent_views=views_sql())
+    con = connect_store(store, con, allow_writes=allow_writes, dependent_views=views_sql())
+    efficiency.register(con)  # the functions op_efficiency calls (analysis/efficiency.py)
+    return con
 
 
 def open_job(store: Path | str, job: str | None = None

@@ -19,11 +19,13 @@ from typing import Any
 import duckdb
 import numpy as np
 
+from tracetool.analysis import efficiency
 from tracetool.analysis.charts import (
     ChartDrawer,
     draw_breakdown,
     draw_critical_path,
     draw_memory,
+    draw_roofline,
     draw_skew,
     draw_step_timeline,
     draw_top,
@@ -39,7 +41,8 @@ from tracetool.text import markdown_cell, number_ranges, printable
 TOP = 15  # rows of the top kernels / ops tables and chart
 NAME_WIDTH = 80  # long C++ kernel names are cut to this in tables (never in JSON)
 CHART_FILES = ("breakdown.png", "top_kernels.png", "top_cpu_ops.png", "collective_skew.png",
-               "memory.png", "critical_path.png", "step_timeline.png", "step_timeline.json")
+               "memory.png", "critical_path.png", "step_timeline.png", "step_timeline.json",
+               "roofline.png")
 
 
 def first_line(err: BaseException) -> str:
@@ -472,6 +475,10 @@ def make_report(con: duckdb.DuckDBPyConnection, job: str, out_dir: Path | str,
         if mem is not None:
             charts["memory"] = "memory.png"
             drawer.draw(draw_memory, job, mem, out / charts["memory"])
+        summary["op_efficiency"] = efficiency.summary(con, job, TOP)
+        if summary["op_efficiency"] and summary["op_efficiency"]["points"]:
+            charts["roofline"] = "roofline.png"
+            drawer.draw(draw_roofline, job, summary["op_efficiency"], out / charts["roofline"])
         drawer.wait()
     sections = _sections(summary, charts, store)
     title = f"tracetool report: job {job}"
@@ -680,6 +687,8 @@ def _sections(s: dict[str, Any], charts: dict[str, str], store: Path | str | Non
     out.append(crit)
     if st:
         out.append(tl)
+    if s.get("op_efficiency"):
+        out.append(op_efficiency_section(s["op_efficiency"], charts.get("roofline")))
     return out
 
 
@@ -702,6 +711,54 @@ def _memory_section(peaks: list[dict[str, Any]], charts: dict[str, str]) -> Sect
 
 def _mb_of(nbytes: int | None) -> str:
     return "" if nbytes is None else f"{nbytes / 1e6:,.1f}"
+
+
+def op_efficiency_section(e: dict[str, Any], image: str | None) -> Section:
+    """The top ops and shapes by kernel time against the GPU's roofline (the op_efficiency
+    view, ``efficiency.summary``'s data)."""
+    sec = Section(f"Op efficiency against the roofline (top {len(e['rows'])} ops and shapes "
+                  "by kernel time, all ranks)", image=image)
+    share = e["worked_ns"] / e["kernel_ns"] if e["kernel_ns"] else 0.0
+    sec.lines.append(f"FLOPs and bytes from the ops' recorded shapes cover {_pct(share)} of "
+                     "the kernel time (view op_efficiency; docs/op_efficiency.md).")
+    roof = e["roofline"]
+    if roof is not None:
+        sec.lines.append(
+            f"{e['gpu_name']}: {roof['runs_at'].upper()} peak {roof['peak_tflops']:g} TFLOP/s, "
+            f"HBM {roof['peak_tbps']:g} TB/s; ridge {roof['ridge']:.0f} FLOP/B at the "
+            "achievable fractions replay uses. % peak: of the bounding resource; % roofline: "
+            "the roofline's time over the measured.")
+        if e["other_dtypes"]:
+            sec.lines.append(f"The chart shows the {roof['dtype'].upper()} ops; "
+                             f"{e['other_dtypes']} ops and shapes of other dtypes are in the "
+                             "view only.")
+    elif e["gpu"] is None:
+        names = ", ".join(e["devices"]) or "no name in deviceProperties"
+        sec.lines.append(f"GPU not in the catalog ({names}): achieved rates only, no % of "
+                         "peak, bound or roofline.")
+    if not e["worked_ns"]:
+        sec.lines.append("No op here has recorded shapes (profile with record_shapes=True).")
+
+    def num(v: float | None, fmt: str) -> str:
+        return "" if v is None else format(v, fmt)
+
+    sec.tables.append((["total ms", "count", "class", "op", "shapes", "TFLOP/s", "TB/s",
+                        "% peak", "bound", "% roofline"], [
+        [_ms(r["total_ns"]), str(r["count"]), r["category"] or "", _short(r["op"], 40),
+         _short(_shapes(r["input_dims"]), 48), num(r["achieved_tflops"], ".2f"),
+         num(r["achieved_tbps"], ".3f"), num(r["pct_peak"], ".1f"), r["bound"] or "",
+         num(r["pct_roofline"], ".1f")] for r in e["rows"]]))
+    return sec
+
+
+def _shapes(dims: str | None) -> str:
+    """Input Dims without the trailing non-tensor arguments ([] each)."""
+    if not dims:
+        return "not recorded"
+    shapes = json.loads(dims)
+    while shapes and shapes[-1] == []:
+        shapes.pop()
+    return json.dumps(shapes, separators=(",", ":"))
 
 
 def text_table(headers: list[str], body: list[list[str]]) -> list[str]:

@@ -28,7 +28,7 @@ SHEETS = {
     ("collectives", "by_rank"): "collectives by rank",
     ("critical_path", "by_kind"): "critical path by kind",
     ("memory_peaks",): "memory peaks",
-    ("op_efficiency",): "op efficiency",
+    ("op_efficiency", "rows"): "op efficiency",
 }
 # a key's unit suffix -> (unit for the header, divisor: ns / 1e6 = ms)
 UNITS = {"_ns": ("ms", 1e6), "_bytes": ("bytes", None), "_gbps": ("GB/s", None),

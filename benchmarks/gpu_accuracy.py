@@ -11,7 +11,7 @@ three pairs' out-of-sample errors), and with the terms sized from the other two 
 (``size_terms``: the band itself out of sample). In-sample rows use the catalog's constants,
 fitted on all three.
 
-What is fitted: only the H100's kernel floor (replay/gpus/h100.toml: no published figure
+What is fitted: only the H100's kernel floor (tracetool/gpus/h100.toml: no published figure
 for a trivial kernel's duration; the MI300X's is measured on a trace that is not in a pair).
 Everything else the projection uses is a published figure (peaks, achievable fractions, HBM
 latency; sources in the catalog), so it does not move with the fit set.
@@ -35,10 +35,10 @@ from pathlib import Path
 import numpy as np
 
 import tracetool
+from tracetool.hardware import Gpu, catalog
 from tracetool.ingest.pipeline import Options, ingest
 from tracetool.replay import Replayer, Scenario, band
 from tracetool.replay.band import ERRORS, SMALL_KERNEL_NS, ErrorTerm
-from tracetool.replay.hardware import Gpu, catalog
 from tracetool.replay.model import op_factors
 
 REPO = Path(__file__).resolve().parent.parent

@@ -1,7 +1,7 @@
 """GPU clock and power-cap what-ifs: the SM clock a scenario runs the GPU at.
 
 **Reference clock.** Kineto traces record no clock (``deviceProperties`` has none), so a trace
-is assumed to have run at its GPU's max boost clock (``boost_mhz`` in ``replay/gpus/*.toml``),
+is assumed to have run at its GPU's max boost clock (``boost_mhz`` in ``tracetool/gpus/*.toml``),
 and every clock what-if is relative to that; the replay's notes say so. A GPU that was
 power- or thermally throttled while traced ran below it, which makes a lower clock look
 costlier than it is.
@@ -54,8 +54,9 @@ import math
 import re
 from dataclasses import dataclass, replace
 
+from tracetool.hardware import Clocks, Gpu
+
 from .compute import COMPUTE_BOUND, WhatIfError
-from .hardware import Clocks, Gpu
 
 DVFS_EXPONENT = 3.0  # P_dyn ~ f V^2 with V ~ f
 _POWER = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*(w|%)?\s*$", re.IGNORECASE)
@@ -125,13 +126,13 @@ def scenario_clock(gpu: Gpu, clock_mhz: float | None, power_cap: PowerCap | None
     c = gpu.clocks
     if c is None:
         raise WhatIfError(f"the catalog has no clock and power data for the {gpu.name} "
-                          f"(replay/gpus/{gpu.key}.toml)")
+                          f"(tracetool/gpus/{gpu.key}.toml)")
     mhz, notes = c.boost_mhz, []
     if clock_mhz is not None:
         if not c.min_mhz <= clock_mhz <= c.boost_mhz:
             raise WhatIfError(f"GPU clock {clock_mhz:g} MHz: outside the {gpu.name}'s SM clock "
                               f"range, {c.min_mhz:g}-{c.boost_mhz:g} MHz "
-                              f"(replay/gpus/{gpu.key}.toml)")
+                              f"(tracetool/gpus/{gpu.key}.toml)")
         mhz = clock_mhz
     if power_cap is not None:
         watts = power_cap.watts_on(c)
@@ -139,7 +140,7 @@ def scenario_clock(gpu: Gpu, clock_mhz: float | None, power_cap: PowerCap | None
             "" if power_cap.watts is not None else f" ({watts:g} W)")
         if watts < c.min_limit_w:
             raise WhatIfError(f"{given}: below the {gpu.name}'s minimum power limit of "
-                              f"{c.min_limit_w:g} W (replay/gpus/{gpu.key}.toml)")
+                              f"{c.min_limit_w:g} W (tracetool/gpus/{gpu.key}.toml)")
         capped = sustained_clock_mhz(c, watts, exponent)
         if watts >= c.tdp_w:
             notes.append(f"{given}: at or above the {gpu.name}'s {c.tdp_w:g} W TDP, so no "

@@ -1,10 +1,8 @@
 """Projecting measured kernel times onto another GPU (roofline, or class ratios).
 
-A kernel's work comes from the shapes of the op that launched it (``Input Dims`` and
-``Input type``, recorded with ``record_shapes``), using torch's flop-counter formulas
-(shared/docs/replay-models.md section 4): mm/addmm/linear ``2mnk``, bmm/baddbmm ``2bmnk``,
-flash/SDPA forward ``4 b h s_q s_k d``; bytes are the inputs read plus the output written.
-With work known, a kernel's model time on a GPU is the roofline
+A kernel's work comes from the shapes of the op that launched it (``tracetool/opwork.py``,
+the one home of FLOP and byte counts, which the ``op_efficiency`` view uses too). With work
+known, a kernel's model time on a GPU is the roofline
 ``max(flops / (peak * achievable), bytes / (hbm * achievable))`` and the projection keeps the
 kernel's measured efficiency: ``t_target = t_measured * model(target) / model(source)``, so
 projecting onto the source GPU returns the measured time exactly. Without shapes, kernels
@@ -14,7 +12,7 @@ of their dtype, the rest by the HBM-bandwidth ratio; communication is the networ
 Onto another GPU (``project_kernel_ns``), a kernel's time is the GPU's floor (a trivial
 kernel's launch-bound duration, ``Gpu.kernel_floor_ns``) plus the rest, and only the rest
 scales. Compute-bound classes scale by the roofline or peak ratio above, at each GPU's
-achievable compute fraction (published figures: ``replay/gpus/*.toml``). Memory-bound classes
+achievable compute fraction (published figures: ``tracetool/gpus/*.toml``). Memory-bound classes
 (``MEMORY_BOUND``: elementwise, reduction, norm, other) are bound by the HBM bandwidth each GPU
 achieves, with a size-dependent efficiency (``memory_ratio``): a kernel moving B bytes takes
 ``latency + B / achieved bandwidth`` above the floor, i.e. reaches ``achievable x B / (B +
@@ -39,10 +37,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tracetool.dtypes import ELEM_BYTES
 from tracetool.errors import InputError
-
-from .hardware import Gpu
+from tracetool.hardware import Gpu
+from tracetool.opwork import Work, roofline_s
 
 # the values of kernels.category (analysis/sql/10_ops.sql)
 KERNEL_CATEGORIES = ("gemm", "conv", "attention", "norm", "reduction", "elementwise", "comm",
@@ -53,98 +50,6 @@ CATEGORIES = KERNEL_CATEGORIES + NON_KERNEL_KINDS
 COMPUTE_BOUND = ("gemm", "conv", "attention")
 # kernel classes bound by HBM bandwidth onto another GPU (memory_ratio)
 MEMORY_BOUND = ("elementwise", "reduction", "norm", "other")
-# ops whose output is much smaller than their input (it is not counted in their bytes)
-_REDUCING = re.compile(r"::(mean|sum|amax|amin|max|min|norm|linalg_vector_norm|all|any|prod|"
-                       r"var|std|var_mean|std_mean|argmax|argmin|count_nonzero)$")
-DTYPE_OF = {"float": "fp32", "float32": "fp32", "double": "fp32", "half": "fp16",
-            "c10::half": "fp16", "float16": "fp16", "bfloat16": "bf16",
-            "c10::bfloat16": "bf16", "c10::float8_e4m3fn": "fp8", "c10::float8_e5m2": "fp8"}
-
-
-@dataclass(frozen=True)
-class Work:
-    flops: float
-    bytes: float
-    dtype: str  # fp32 / fp16 / bf16 / fp8
-
-
-def _numel(dims: list) -> int:
-    return math.prod(int(d) for d in dims) if dims else 1
-
-
-def op_work(op: str, dims: list, types: list) -> Work | None:
-    """FLOPs and bytes of one op from its Input Dims / Input type, None when unknown."""
-    tensors = [(d, t) for d, t in zip(dims, types, strict=False)
-               if isinstance(d, list) and d and all(isinstance(x, int) for x in d)]
-    if not tensors:
-        return None
-    elem = ELEM_BYTES.get((tensors[0][1] or "").lower())
-    dtype = DTYPE_OF.get((tensors[0][1] or "").lower())
-    if elem is None or dtype is None:
-        return None
-    name = op.lower()
-    flops = out = None
-    try:
-        mats2 = [d for d, _ in tensors if len(d) == 2]
-        mats3 = [d for d, _ in tensors if len(d) == 3]
-        if name in ("aten::mm", "aten::addmm", "aten::matmul") and len(mats2) >= 2:
-            a, b = mats2[-2:]  # addmm: (bias, mat1, mat2); the bias may be 1-D or absent
-            flops, out = 2 * a[0] * a[1] * b[1], a[0] * b[1]
-        elif name in ("aten::bmm", "aten::baddbmm") and len(mats3) >= 2:
-            a, b = mats3[-2:]
-            flops, out = 2 * a[0] * a[1] * a[2] * b[2], a[0] * a[1] * b[2]
-        elif name == "aten::linear" and len(tensors) >= 2:
-            (x, _), (w, _) = tensors[:2]
-            rows = _numel(x[:-1])
-            flops, out = 2 * rows * x[-1] * w[0], rows * w[0]
-        elif re.search(r"scaled_dot_product|flash_attention|efficient_attention", name) \
-                and len(tensors) >= 3:
-            (q, _), (k, _) = tensors[:2]
-            if len(q) == 4 and len(k) == 4:
-                # aten::_flash/_efficient_attention_forward: [batch, seq, heads, head_dim];
-                # the scaled_dot_product_* ops: [batch, heads, seq, head_dim]
-                seq_first = name.endswith("_attention_forward")
-                b, h, s_q, d = (q[0], q[2], q[1], q[3]) if seq_first else q
-                s_k = k[1] if seq_first else k[2]
-                flops, out = 4 * b * h * s_q * s_k * d, _numel(q)
-    except (IndexError, TypeError):
-        return None
-    if flops is None:
-        return None
-    read = sum(_numel(d) for d, _ in tensors)
-    return Work(float(flops), float((read + out) * elem), dtype)
-
-
-def roofline_s(gpu: Gpu, work: Work) -> float:
-    """Model seconds of ``work`` on ``gpu`` at its achievable fractions."""
-    compute = work.flops / (gpu.peak_tflops(work.dtype) * 1e12 * gpu.achievable["compute"])
-    memory = work.bytes / (gpu.hbm_gbps * 1e9 * gpu.achievable["memory"])
-    return max(compute, memory)
-
-
-def _tensors(dims: list, types: list) -> list[tuple[list, str]]:
-    """(shape, dtype name) of every tensor input, TensorList elements included."""
-    out = []
-    for d, t in zip(dims, types, strict=False):
-        if isinstance(d, list) and d and all(isinstance(x, int) for x in d):
-            out.append((d, str(t or "")))
-        elif isinstance(d, list) and d and all(isinstance(x, list) for x in d):
-            # a TensorList's type is "TensorList": its elements take the op's first dtype
-            first = next((str(x) for x in types if str(x).lower() in ELEM_BYTES), "")
-            out += [(x, first) for x in d if x and all(isinstance(v, int) for v in x)]
-    return out
-
-
-def memory_bytes(op: str, dims: list, types: list) -> float | None:
-    """Bytes a memory-bound op moves, from its Input Dims / Input type: every tensor input
-    read, plus an output the size of its largest input written (none for a reduction such as
-    mean or sum, whose output is small); None when no input has a known size."""
-    sizes = [_numel(d) * ELEM_BYTES[t.lower()] for d, t in _tensors(dims, types)
-             if t.lower() in ELEM_BYTES]
-    if not sizes:
-        return None
-    out = 0 if _REDUCING.search((op or "").lower()) else max(sizes)
-    return float(sum(sizes) + out)
 
 
 def memory_s(gpu: Gpu, nbytes: float) -> float:

@@ -270,7 +270,7 @@ class ReplayGraph:
     is_gpu: np.ndarray
     n_event_slots: int  # slots below this are events; the rest are barriers
     # GPU ops (duration edges): rank, eid, slot, dur, is_comm; kind, name, category,
-    # op_name, dims, types read on first use
+    # op_name, dims, types, concrete read on first use
     ops: Mapping
     # collective instances
     insts: dict  # instance, collective, kind, bytes, group_ranks (list), pg_desc, transfer_ns
@@ -465,7 +465,8 @@ def _select(con: duckdb.DuckDBPyConnection, job: str, bounds: Bounds) -> _Select
 
 _OPS_DETAIL_SQL = """
 SELECT g.rank, g.eid, g.kind, g.name, coalesce(k.category, g.kind) AS category, g.op_name,
-       o.args->>'Input Dims' AS dims, o.args->>'Input type' AS types
+       o.args->>'Input Dims' AS dims, o.args->>'Input type' AS types,
+       o.args->>'Concrete Inputs' AS concrete
 FROM gpu_ops g
 LEFT JOIN kernels k ON k.job = g.job AND k.rank = g.rank AND k.eid = g.eid
 LEFT JOIN events o ON o.job = g.job AND o.rank = g.rank AND o.eid = g.op_eid
@@ -844,7 +845,8 @@ def _op_details(con: duckdb.DuckDBPyConnection, sel: _Selection, slot_of: SlotIn
     ok = s >= 0
     where[s[ok]] = np.flatnonzero(ok)
     row = where[op_slot]
-    return {k: d[k][row] for k in ("kind", "name", "category", "op_name", "dims", "types")}
+    return {k: d[k][row] for k in ("kind", "name", "category", "op_name", "dims", "types",
+                                   "concrete")}
 
 
 def _transfer_ns(x_dur: np.ndarray, inst_idx: np.ndarray, n_inst: int) -> np.ndarray:
@@ -995,14 +997,3 @@ def _group_median(key: np.ndarray, ref_key: np.ndarray, ref_value: np.ndarray) -
     hit = uniq[pos] == key
     out[hit] = med[pos[hit]]
     return out
-
-
-def parse_shapes(dims: str | None, types: str | None) -> tuple[list, list] | None:
-    """Input Dims / Input type of an op from their JSON text, None when absent."""
-    if not dims or not types:
-        return None
-    try:
-        d, t = json.loads(dims), json.loads(types)
-    except ValueError:
-        return None
-    return (d, t) if isinstance(d, list) and isinstance(t, list) else None

@@ -35,20 +35,25 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from tracetool.graph import KIND_NAMES
+from tracetool.hardware import Gpu, catalog, describe_catalog, lookup_gpu, trace_gpu
+from tracetool.opwork import (
+    DTYPE_OF,
+    memory_bytes,
+    parse_json_list,
+    parse_shapes,
+    roofline_s,
+    work_of,
+)
 
 from .clocks import DVFS_EXPONENT, GpuPower, PowerCap, at_clock, gpu_power, scenario_clock
 from .compute import (
     COMPUTE_BOUND,
-    DTYPE_OF,
     MEMORY_BOUND,
     SPEEDUP_RANGE,
     Speedup,
     WhatIfError,
-    memory_bytes,
     memory_ratio,
-    op_work,
     project_kernel_ns,
-    roofline_s,
 )
 from .graph import (
     COMM_DURATION,
@@ -57,10 +62,8 @@ from .graph import (
     OP_DURATION,
     TRANSFER,
     ReplayGraph,
-    parse_shapes,
     unpaired_p2p,
 )
-from .hardware import Gpu, catalog, describe_catalog, find_gpu, lookup_gpu
 from .network import (
     KINDS,
     MAX_WORLD,
@@ -347,11 +350,7 @@ def source_gpu(graph: ReplayGraph, scenario: Scenario) -> Gpu | None:
     """The GPU the trace ran on: the override, else its deviceProperties (None if unknown)."""
     if scenario.source_gpu is not None:
         return scenario.source_gpu
-    for d in graph.devices:
-        gpu = find_gpu(d)
-        if gpu is not None:
-            return gpu
-    return None
+    return trace_gpu(graph.devices)
 
 
 def source_network(graph: ReplayGraph, scenario: Scenario) -> Network | None:
@@ -421,7 +420,7 @@ def _gpu_factors(graph: ReplayGraph, src: Gpu, dst: Gpu) -> tuple[np.ndarray, np
     # compute-bound kernels: roofline from the launching op's shapes, else the peak ratio
     cache: dict[tuple, tuple[float, float]] = {}
     for i in np.flatnonzero(np.isin(cat, COMPUTE_BOUND)):
-        key = (ops["op_name"][i], ops["dims"][i], ops["types"][i])
+        key = (ops["op_name"][i], ops["dims"][i], ops["types"][i], ops["concrete"][i])
         if key not in cache:
             cache[key] = _compute_ratio(key, src, dst)
         factor[i], model_ns[i] = cache[key]
@@ -432,10 +431,12 @@ def _gpu_factors(graph: ReplayGraph, src: Gpu, dst: Gpu) -> tuple[np.ndarray, np
         nbytes: dict[tuple, float | None] = {}
         for j, i in enumerate(k):
             if cat[i] in MEMORY_BOUND:
-                key = (ops["op_name"][i], ops["dims"][i], ops["types"][i])
+                key = (ops["op_name"][i], ops["dims"][i], ops["types"][i],
+                       ops["concrete"][i])
                 if key not in nbytes:
                     shapes = parse_shapes(key[1], key[2])
-                    nbytes[key] = memory_bytes(key[0] or "", *shapes) if shapes else None
+                    nbytes[key] = (memory_bytes(key[0] or "", *shapes, parse_json_list(key[3]))
+                                   if shapes else None)
                 factor[i] = memory_ratio(above[j], nbytes[key], src, dst)
         factor[k] = project_kernel_ns(dur, factor[k], src, dst) / dur
     return factor, model_ns
@@ -469,10 +470,10 @@ def dtype_notes(graph: ReplayGraph, dst: Gpu) -> list[str]:
 
 
 def _compute_ratio(key: tuple, src: Gpu, dst: Gpu) -> tuple[float, float]:
-    """(target / source time, source model ns or NaN) of a compute-bound op."""
-    op_name, dims, types = key
-    shapes = parse_shapes(dims, types)
-    work = op_work(op_name or "", *shapes) if shapes else None
+    """(target / source time, source model ns or NaN) of a compute-bound op; ``key`` is
+    (op name, Input Dims, Input type[, Concrete Inputs]) as the store keeps them."""
+    op_name, dims, types = key[:3]
+    work = work_of(op_name, dims, types, key[3] if len(key) > 3 else None)
     if work is not None and work.flops > 0:
         r_src = roofline_s(src, work)
         return roofline_s(dst, work) / r_src, r_src * 1e9
@@ -925,7 +926,7 @@ def _floor_note(graph: ReplayGraph, factor: np.ndarray, src: Gpu | None, dst: Gp
         return []
     under = int((ops["dur"][k] <= src.kernel_floor_ns).sum())
     return [f"the {dst.key} kernel floor ({dst.kernel_floor_ns / 1e3:g} us per kernel, "
-            f"replay/gpus/{dst.key}.toml) sets {100 * min(floors / projected, 1):.0f}% of the "
+            f"tracetool/gpus/{dst.key}.toml) sets {100 * min(floors / projected, 1):.0f}% of the "
             f"projected kernel time ({_time(floors)} of {_time(projected)}, "
             f"{int(k.sum())} kernel{'s' if k.sum() != 1 else ''}; {under} ran at or under "
             f"the {src.key} floor of "

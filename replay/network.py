@@ -38,8 +38,8 @@ from dataclasses import dataclass, fields, replace
 import numpy as np
 
 from tracetool.errors import InputError
+from tracetool.hardware import Gpu
 
-from .hardware import Gpu
 from .placement import Placement
 from .transport import gloo_time
 

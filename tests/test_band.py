@@ -106,7 +106,7 @@ def test_cross_gpu_kernel_time_out_of_sample(pair, src: str, dst: str, lo: float
     term, and the band covers the step."""
     import dataclasses
 
-    from tracetool.replay.hardware import catalog
+    from tracetool.hardware import catalog
     from tracetool.replay.model import op_factors
 
     floor = _floor_without_bert()

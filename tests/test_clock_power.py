@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 
 import tracetool
+from tracetool.hardware import catalog
 from tracetool.replay.band import ERRORS
 from tracetool.replay.clocks import (
     PowerCap,
@@ -30,7 +31,6 @@ from tracetool.replay.clocks import (
     sustained_clock_mhz,
 )
 from tracetool.replay.compute import COMPUTE_BOUND, WhatIfError
-from tracetool.replay.hardware import catalog
 from tracetool.replay.model import Scenario, resolve_gpu
 from tracetool.replay.run import Replayer
 
@@ -47,7 +47,7 @@ SOURCE_GPU = {"alexnet": "a100", "bert": "h100"}
 
 
 def _toml(key: str) -> dict:
-    return tomllib.loads((REPO / "replay/gpus" / f"{key}.toml").read_text())
+    return tomllib.loads((REPO / "tracetool/gpus" / f"{key}.toml").read_text())
 
 
 @pytest.fixture(scope="module")
@@ -302,7 +302,7 @@ def _one_error(code: int, stdout: str, stderr: str, message: str) -> None:
     assert (code, stdout, stderr) == (2, "", f"tracetool: error: {message}\n")
 
 
-A100_RANGE = "the A100 SXM 80GB's SM clock range, 210-1410 MHz (replay/gpus/a100.toml)"
+A100_RANGE = "the A100 SXM 80GB's SM clock range, 210-1410 MHz (tracetool/gpus/a100.toml)"
 BAD_CAP = "give watts (300, 300W) or a fraction of the TDP (0.7, 70%), > 0"
 CPU_JOB = "job nl has no GPU ops (a CPU job), so a GPU clock or power cap changes nothing"
 
@@ -313,7 +313,7 @@ CPU_JOB = "job nl has no GPU ops (a CPU job), so a GPU clock or power cap change
     ("alexnet", ["--gpu-clock", "1500"], f"GPU clock 1500 MHz: outside {A100_RANGE}"),
     ("alexnet", ["--gpu", "v100", "--gpu-clock", "1600"],
      "GPU clock 1600 MHz: outside the V100 SXM2's SM clock range, 135-1530 MHz "
-     "(replay/gpus/v100.toml)"),
+     "(tracetool/gpus/v100.toml)"),
     ("alexnet", ["--gpu-clock", "0"], "bad GPU clock '0': give the SM clock in MHz, > 0 "
                                       "(e.g. 1200)"),
     ("alexnet", ["--gpu-clock", "-700"], "bad GPU clock '-700': give the SM clock in MHz, > 0 "
@@ -324,9 +324,9 @@ CPU_JOB = "job nl has no GPU ops (a CPU job), so a GPU clock or power cap change
     ("alexnet", ["--power-cap", "-300W"], f"bad power cap '-300W': {BAD_CAP}"),
     ("alexnet", ["--power-cap", "lots"], f"bad power cap 'lots': {BAD_CAP}"),
     ("alexnet", ["--power-cap", "50W"], "power cap '50W': below the A100 SXM 80GB's minimum "
-                                        "power limit of 100 W (replay/gpus/a100.toml)"),
+                                        "power limit of 100 W (tracetool/gpus/a100.toml)"),
     ("alexnet", ["--power-cap", "10%"], "power cap '10%' (40 W): below the A100 SXM 80GB's "
-                                        "minimum power limit of 100 W (replay/gpus/a100.toml)"),
+                                        "minimum power limit of 100 W (tracetool/gpus/a100.toml)"),
     ("nl", ["--gpu-clock", "900"], f"GPU clock 900 MHz: {CPU_JOB}"),
     ("nl", ["--power-cap", "300W"], f"power cap '300W': {CPU_JOB}"),
 ])
@@ -357,7 +357,7 @@ def test_sweep_shares_the_clock_options(store: Path, tmp_path: Path) -> None:
     _one_error(*run("sweep", store, "--job", "alexnet", "--gpu", "h100,v100", "--gpu-clock",
                     "1600", "--out", tmp_path / "bad"),
                "GPU clock 1600 MHz: outside the V100 SXM2's SM clock range, 135-1530 MHz "
-               "(replay/gpus/v100.toml)")
+               "(tracetool/gpus/v100.toml)")
     _one_error(*run("sweep", store, "--job", "alexnet", "--gpu", "h100", "--power-cap", "x",
                     "--out", tmp_path / "bad"), f"bad power cap 'x': {BAD_CAP}")
     assert not (tmp_path / "bad").exists()
@@ -540,7 +540,7 @@ def test_power_cap_and_gpu_clock_are_sweep_axes(store: Path, tmp_path: Path,
     (["--power-cap", "50%,x"], f"bad power cap 'x': {BAD_CAP}", 2),
     (["--gpu-clock", "705,5000"], f"GPU clock 5000 MHz: outside {A100_RANGE}", 2),
     (["--power-cap", "70%,10%"], "power cap '10%' (40 W): below the A100 SXM 80GB's minimum "
-                                 "power limit of 100 W (replay/gpus/a100.toml)", 2),
+                                 "power limit of 100 W (tracetool/gpus/a100.toml)", 2),
     (["--power-cap", "50%"], "nothing to sweep: give --network key=v1,v2,..., --gpu, "
                              "--dp-scale, or several --gpu-clock, --power-cap or --cpu-speedup "
                              "values (--placement is not an axis)", 2),

@@ -6,15 +6,9 @@ import json
 
 import pytest
 
-from tracetool.replay.compute import (
-    Work,
-    apply_speedups,
-    op_work,
-    parse_speedup,
-    project_ns,
-    roofline_s,
-)
-from tracetool.replay.hardware import catalog
+from tracetool.hardware import catalog
+from tracetool.opwork import Work, op_work, roofline_s
+from tracetool.replay.compute import apply_speedups, parse_speedup, project_ns
 
 from ._util import SHARED_TRACES
 

@@ -13,8 +13,9 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from tracetool.replay.compute import memory_bytes, memory_ratio, memory_s
-from tracetool.replay.hardware import catalog
+from tracetool.hardware import catalog
+from tracetool.opwork import memory_bytes
+from tracetool.replay.compute import memory_ratio, memory_s
 from tracetool.replay.model import _compute_ratio, dtype_notes
 
 REPO = Path(__file__).resolve().parent.parent

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tracetool.replay.hardware import DTYPES, catalog, find_gpu
+from tracetool.hardware import DTYPES, catalog, find_gpu
 
 
 def test_catalog_has_the_gpus_with_complete_numbers() -> None:

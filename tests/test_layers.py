@@ -11,7 +11,7 @@ from ._util import REPO
 
 # package directory -> (its import name, the layers it may import besides itself)
 LAYERS = {
-    "tracetool": ("tracetool", set()),  # schema, store_views, sqltext, dtypes, numbers
+    "tracetool": ("tracetool", set()),  # schema, store_views, sqltext, dtypes, opwork, hardware
     "ingest": ("tracetool.ingest", {"tracetool"}),
     "analysis": ("tracetool.analysis", {"tracetool"}),
     "replay": ("tracetool.replay", {"tracetool", "tracetool.analysis"}),

@@ -219,7 +219,7 @@ def test_dp_scale_recosts_data_parallel_collectives(replayers: dict[str, Replaye
 
 
 def _toml(key: str) -> dict:
-    return tomllib.loads((REPO / "replay/gpus" / f"{key}.toml").read_text())
+    return tomllib.loads((REPO / "tracetool/gpus" / f"{key}.toml").read_text())
 
 
 def test_gpu_projection_of_a_gemm_matches_a_hand_roofline(

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tracetool.replay.hardware import lookup_gpu
+from tracetool.hardware import lookup_gpu
 
 from ._util import SHARED_TRACES, kineto_text, run, write, x
 
@@ -43,7 +43,7 @@ def test_short_kernels_on_another_gpu_say_the_floor_sets_the_time(tmp_path: Path
     assert (b200.kernel_floor_ns, h100.kernel_floor_ns) == (2100.0, 1570.0)  # the catalog's
     store = _job(tmp_path, 1.0)  # 1 us kernels: under the H100's floor, each takes the B200's
     assert _floor_notes(store, "--source-gpu", "h100", "--gpu", "b200") == [
-        "the b200 kernel floor (2.1 us per kernel, replay/gpus/b200.toml) sets 100% of the "
+        "the b200 kernel floor (2.1 us per kernel, tracetool/gpus/b200.toml) sets 100% of the "
         "projected kernel time (21.000 us of 21.000 us, 10 kernels; 10 ran at or under the "
         "h100 floor of 1.57 us): short kernels take the floor, not their measured time "
         "scaled, so that share of the projection rests on the floor's value"]
@@ -65,7 +65,7 @@ def test_the_kineto_docs_trace_says_its_floor(tmp_path: Path) -> None:
     report = json.loads(out)
     assert f"{100 * report['steps'][0]['error']:+.1f}%" == "+1530.8%"
     assert [n for n in report["notes"] if "kernel floor" in n] == [
-        "the b200 kernel floor (2.1 us per kernel, replay/gpus/b200.toml) sets 100% of the "
+        "the b200 kernel floor (2.1 us per kernel, tracetool/gpus/b200.toml) sets 100% of the "
         "projected kernel time (2.100 us of 2.100 us, 1 kernel; 1 ran at or under the "
         "h100 floor of 1.57 us): short kernels take the floor, not their measured time "
         "scaled, so that share of the projection rests on the floor's value"]

@@ -54,7 +54,8 @@ def test_report_renders_with_every_image_and_no_console_message(report: Path) ->
     html = page.read_text()
     assert "<script" not in html and "http" not in html.split("<body>")[0]  # self-contained
     srcs = re.findall(r'<img src="([^"]+)"', html)
-    assert "step_timeline.png" in srcs and "critical_path.png" in srcs and len(srcs) >= 5
+    assert "step_timeline.png" in srcs and "critical_path.png" in srcs and len(srcs) >= 6
+    assert "roofline.png" in srcs  # DLRM records shapes: its ops against the A100's roofline
     assert all((report / s).is_file() for s in srcs)
     probe = report / "probe.html"  # a copy with the probe, beside the same images
     probe.write_text(html.replace("</body>", PROBE + "</body>"))

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from tracetool.hardware import catalog, catalog_help, describe_catalog, lookup_gpu
 from tracetool.replay.compute import (
     CATEGORIES,
     COMPUTE_BOUND,
@@ -19,7 +20,6 @@ from tracetool.replay.compute import (
     WhatIfError,
     parse_speedup,
 )
-from tracetool.replay.hardware import catalog, catalog_help, describe_catalog, lookup_gpu
 
 from ._util import run
 from .conftest import TRACES_DIR

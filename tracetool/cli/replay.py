@@ -20,6 +20,7 @@ from tracetool.cli._job import window_options, windows_of
 from tracetool.cli._numbers import Int
 from tracetool.cli._store import store_arg
 from tracetool.errors import InputError
+from tracetool.hardware import Gpu, catalog_help
 from tracetool.outputs import check_output
 from tracetool.replay import model
 from tracetool.replay.clocks import GpuPower, parse_gpu_clock, parse_power_cap
@@ -32,7 +33,6 @@ from tracetool.replay.graph import (
     parse_ranks,
     parse_steps,
 )
-from tracetool.replay.hardware import Gpu, catalog_help
 from tracetool.replay.model import (
     CPU_SPEEDUP_RANGE,
     MAX_GLOO_WORLD,
@@ -68,7 +68,7 @@ def _spec(text: str) -> str:
     return text
 
 
-GPU_HELP = catalog_help()  # built from replay/gpus/*.toml
+GPU_HELP = catalog_help()  # built from tracetool/gpus/*.toml
 
 PLACEMENT_HELP = ("Place the ranks for the projection: a CSV file with the header "
                   "rank,node,datacenter (one line per rank) or a TOML file ([nodes] name = "

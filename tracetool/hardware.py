@@ -1,6 +1,6 @@
 """The GPU catalog the replayer projects onto: peak rates and achievable fractions.
 
-One TOML file per GPU in ``replay/gpus/`` (peak dense TFLOPS per dtype, HBM and scale-up
+One TOML file per GPU in ``tracetool/gpus/`` (peak dense TFLOPS per dtype, HBM and scale-up
 bandwidth per direction, the fractions of peak tuned kernels reach (``[achievable]``, from
 published measurements), the HBM latency that sets how large a memory-bound kernel must be to
 reach that fraction (``[memory]``), the duration of a trivial, launch-bound kernel
@@ -16,6 +16,7 @@ as frameworks do when they fall back, and the replay's notes say so (``model.dty
 from __future__ import annotations
 
 import tomllib
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from importlib import resources
 
@@ -111,7 +112,7 @@ def _load(key: str, text: str) -> Gpu:
 
 def catalog() -> dict[str, Gpu]:
     """Every GPU of the catalog, by key."""
-    d = resources.files("tracetool.replay").joinpath("gpus")
+    d = resources.files("tracetool").joinpath("gpus")
     return {f.name[:-5]: _load(f.name[:-5], f.read_text())
             for f in sorted(d.iterdir(), key=lambda f: f.name) if f.name.endswith(".toml")}
 
@@ -123,6 +124,17 @@ def find_gpu(device_name: str, gpus: dict[str, Gpu] | None = None) -> Gpu | None
     name = device_name.lower()
     hits = [(len(m), g) for g in gpus.values() for m in g.match if m.lower() in name]
     return max(hits, key=lambda h: h[0])[1] if hits else None
+
+
+def trace_gpu(device_names: Iterable[str], gpus: dict[str, Gpu] | None = None) -> Gpu | None:
+    """The catalog GPU a trace ran on: the first of its ``deviceProperties`` names (in sorted
+    order) that ``find_gpu`` knows, None when none is in the catalog."""
+    gpus = gpus if gpus is not None else catalog()
+    for name in sorted(n for n in device_names if n):
+        gpu = find_gpu(name, gpus)
+        if gpu is not None:
+            return gpu
+    return None
 
 
 def lookup_gpu(text: str, gpus: dict[str, Gpu] | None = None) -> Gpu | None:
