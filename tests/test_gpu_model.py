@@ -157,3 +157,28 @@ def test_out_of_sample_figures_were_rerun_for_these_constants() -> None:
     out = next(ln for ln in run.splitlines() if ln.startswith("out of sample:"))
     assert "band covers 6 of 6" in out.split("step with the host given")[1], out
     assert "STALE" not in run
+
+
+def test_every_catalog_figure_says_where_it_comes_from() -> None:
+    """Each number in replay/gpus/*.toml carries exactly one tag (a vendor document [P], a
+    secondary page [S], measured on a trace [M], fitted [F], unsourced [U]); a fitted one's
+    file names its fit set. The H100 floor is the one fitted figure, and the H100's compute
+    fraction is unsourced."""
+    import re
+    import tomllib
+
+    number = re.compile(r"^\s*(\w+)\s*=\s*[0-9.]+\s*(#.*)?$")
+    tagged: dict[tuple[str, str], str] = {}
+    for path in sorted((REPO / "replay/gpus").glob("*.toml")):
+        text = path.read_text()
+        for line in text.splitlines():
+            m = number.match(line)
+            if m:
+                tags = re.findall(r"\[([PSMFU])\]", m.group(2) or "")
+                assert len(tags) == 1, (path.name, line)
+                tagged[(path.stem, m.group(1))] = tags[0]
+        if "F" in {t for (g, _), t in tagged.items() if g == path.stem}:
+            assert "fit set" in " ".join(tomllib.loads(text)["source"].values()), path.name
+    assert len(tagged) == 7 * 19 - 3  # 19 figures each; V100, A100, MI250X have no FP8 line
+    assert [k for k, t in tagged.items() if t == "F"] == [("h100", "floor_us")]
+    assert tagged[("h100", "compute")] == "U" and tagged[("mi300x", "compute")] == "S"
