@@ -163,3 +163,25 @@ def test_a_band_never_holds_a_negative_time(tmp_path: Path) -> None:
     for (_, d, low, high) in got:
         assert 0 < low < d < high
         assert abs(low - d / (1 + u)) <= 1 and abs(high - d * (1 + u)) <= 1
+
+
+def test_host_factor_is_the_steps_cpu_work(pair) -> None:  # noqa: ANN001
+    """benchmarks/gpu_accuracy.py's host difference: the CPU work (model.cpu_work) ending
+    inside the projected step, not the whole trace's (9.679 / 8.761 ms); each less than its
+    step, and their ratio 1.110, the --cpu-speedup BENCHMARKS.md records for this pair."""
+    import importlib.util
+
+    from tracetool.replay.model import cpu_work
+
+    path = Path(__file__).resolve().parent.parent / "benchmarks/gpu_accuracy.py"
+    spec = importlib.util.spec_from_file_location("gpu_accuracy", path)
+    acc = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(acc)
+    _, replayers, measured = pair
+    ms = {g: acc.cpu_work_ms(replayers[g]) for g in ("h100", "mi300x")}
+    assert ms == pytest.approx({"h100": 4.418474, "mi300x": 3.982399}, abs=1e-6)
+    for g, r in replayers.items():
+        (step,), = measured[g]
+        whole = float(r.graph.base_w[cpu_work(r.graph)].sum()) / 1e6
+        assert ms[g] < step / 1e6 < whole
+    assert round(ms["h100"] / ms["mi300x"], 3) == 1.110
