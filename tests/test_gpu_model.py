@@ -95,22 +95,91 @@ def _gpu_accuracy():  # noqa: ANN202
     return mod
 
 
+def _row(regime: str, memory: float, library: float, cpu: tuple[float, float]) -> dict:
+    """A projection as gpu_accuracy.project gives it: the groups' (projected, measured ms,
+    error) and both traces' CPU work."""
+    return {"regime": regime, "groups": {"memory": (0.0, 1.0, memory),
+                                         "library": (0.0, 1.0, library)},
+            "cpu_source_ms": cpu[0], "cpu_target_ms": cpu[1]}
+
+
 def test_band_terms_sized_from_the_fit_pairs() -> None:
-    """The band out of sample: each kernel term is the worst ratio error of its regime's
-    GPU kernel time (x1.5 and x/1.25 -> 0.5; the other regime's when none), host_cpu the
-    worst of the steps (band.fit_host_cpu: 1 / 0.9 - 1 = 11.1%, rounded up to 12%)."""
-    rows = [{"regime": "kernel_large", "kernel_err": 0.5, "step_err": -0.1},
-            {"regime": "kernel_large", "kernel_err": -0.2, "step_err": 0.05}]
-    got = _gpu_accuracy().size_terms(rows)
-    assert got == pytest.approx({"kernel_small": 0.5, "kernel_large": 0.5,
-                                 "host_cpu": 0.12})
-    rows.append({"regime": "kernel_small", "kernel_err": 1.0, "step_err": 0.0})
-    assert _gpu_accuracy().size_terms(rows)["kernel_small"] == pytest.approx(1.0)
+    """The band's GPU terms from projections: each kernel term the worst ratio error of the
+    memory-bound classes of its regime's jobs (x1.5 and x/1.25 -> 0.5; the other regime's
+    when none), kernel_library the worst of the library classes' (x/2 -> 1.0), host_cpu the
+    worst ratio of the two hosts' CPU work (band.fit_host_cpu: 100 / 90 -> 11.1%, rounded up
+    to 12%)."""
+    acc = _gpu_accuracy()
+    rows = [_row("kernel_large", 0.5, -0.5, (100.0, 90.0)),
+            _row("kernel_large", -0.2, 0.3, (100.0, 105.0))]
+    assert acc.size_terms(rows) == pytest.approx(
+        {"kernel_small": 0.5, "kernel_large": 0.5, "kernel_library": 1.0, "host_cpu": 0.12})
+    rows.append(_row("kernel_small", 1.0, 0.0, (1.0, 1.0)))
+    assert acc.size_terms(rows)["kernel_small"] == pytest.approx(1.0)
+    assert acc.size_terms(rows)["kernel_large"] == pytest.approx(0.5)
+
+
+def test_the_library_term_applies_onto_another_gpu_only() -> None:
+    """kernel_library prices the gemm / conv / attention kernels onto another GPU (another
+    vendor's, or the same vendor's other architecture), not a clock change of the same GPU;
+    kernel_small / kernel_large split every op at 10 us."""
+    from tracetool.replay import Scenario
+    from tracetool.replay.band import kernel_terms, op_errors, using_terms
+
+    g = SimpleNamespace(ops={"dur": np.array([5_000.0, 50_000.0, 50_000.0, 2_000.0]),
+                             "category": np.array(["gemm", "attention", "elementwise",
+                                                   "conv"])}, devices=[])
+    onto = kernel_terms(g, Scenario(gpu=M, source_gpu=H))
+    assert onto["kernel_library"].tolist() == [True, True, False, True]
+    assert onto["kernel_small"].tolist() == [True, False, False, True]
+    assert kernel_terms(g, Scenario(gpu=GPUS["h200"], source_gpu=H))["kernel_library"].any()
+    assert "kernel_library" not in kernel_terms(g, Scenario(gpu_clock_mhz=1000,
+                                                            source_gpu=H))
+    with using_terms({"kernel_small": 0.1, "kernel_large": 0.2, "kernel_library": 0.5}):
+        assert op_errors(g, Scenario(gpu=M, source_gpu=H)).tolist() == [0.5, 0.5, 0.2, 0.5]
+    assert op_errors(g, Scenario(gpu=M, source_gpu=H), {"kernel_library": 0.0,
+                                                        "kernel_small": 0.1,
+                                                        "kernel_large": 0.2}).tolist() == \
+        [0.1, 0.2, 0.2, 0.1]
 
 
 def test_out_of_sample_figures_were_rerun_for_these_constants() -> None:
     """benchmarks/gpu_accuracy.py prints the hash of every constant it rests on; BENCHMARKS.md
     must hold the current one: a constant (catalog or band GPU term) that moved without the
-    leave-one-pair-out figures being re-run and recorded fails here."""
+    leave-one-pair-out figures being re-run and recorded fails here. And that run's
+    out-of-sample band (the GPU terms sized on the other two pairs) covered every pair's
+    step, both directions, with the host difference given; the GPU terms it sized on all
+    three pairs are the committed ones (no STALE)."""
     digest = _gpu_accuracy().constants_hash()
-    assert f"constants hash {digest}" in (REPO / "BENCHMARKS.md").read_text(), digest
+    text = (REPO / "BENCHMARKS.md").read_text()
+    assert f"constants hash {digest}" in text, digest
+    run = text[text.index(f"constants hash {digest}"):]
+    run = run[:run.index("```")]
+    out = next(ln for ln in run.splitlines() if ln.startswith("out of sample:"))
+    assert "band covers 6 of 6" in out.split("step with the host given")[1], out
+    assert "STALE" not in run
+
+
+def test_every_catalog_figure_says_where_it_comes_from() -> None:
+    """Each number in tracetool/gpus/*.toml carries exactly one tag (a vendor document [P], a
+    secondary page [S], measured on a trace [M], fitted [F], unsourced [U]); a fitted one's
+    file names its fit set. The H100 floor is the one fitted figure, and the H100's compute
+    fraction is unsourced."""
+    import re
+    import tomllib
+
+    number = re.compile(r"^\s*(\w+)\s*=\s*[0-9.]+\s*(#.*)?$")
+    tagged: dict[tuple[str, str], str] = {}
+    for path in sorted((REPO / "tracetool/gpus").glob("*.toml")):
+        text = path.read_text()
+        for line in text.splitlines():
+            m = number.match(line)
+            if m:
+                tags = re.findall(r"\[([PSMFU])\]", m.group(2) or "")
+                assert len(tags) == 1, (path.name, line)
+                tagged[(path.stem, m.group(1))] = tags[0]
+        if "F" in {t for (g, _), t in tagged.items() if g == path.stem}:
+            assert "fit set" in " ".join(tomllib.loads(text)["source"].values()), path.name
+    assert len(tagged) == 7 * 19 - 3  # 19 figures each; V100, A100, MI250X have no FP8 line
+    assert [k for k, t in tagged.items() if t == "F"] == [("h100", "floor_us")]
+    assert tagged[("h100", "compute")] == "U" and tagged[("mi300x", "compute")] == "S"

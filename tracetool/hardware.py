@@ -5,8 +5,11 @@ bandwidth per direction, the fractions of peak tuned kernels reach (``[achievabl
 published measurements), the HBM latency that sets how large a memory-bound kernel must be to
 reach that fraction (``[memory]``), the duration of a trivial, launch-bound kernel
 (``[kernels]``; ``compute.py``), the SM clock range and power envelope the clock and power-cap
-what-ifs use (``clocks.py``), and where each number comes from). The source GPU of a trace is
-found from its ``deviceProperties`` names.
+what-ifs use (``clocks.py``), and where each number comes from: every figure is tagged [P]
+(a vendor document or the device's own readout), [S] (secondary), [M] (measured on a trace of
+that GPU), [F] (fitted; its fit set in ``[source]``) or [U] (unsourced or assumed), and a test
+holds every file to it). The source GPU of a trace is found from its ``deviceProperties``
+names.
 
 Dtypes: a GPU without units for a dtype (an A100 has no FP8, a V100 no BF16) runs that work
 at its next wider precision (``NEXT_PRECISION``: FP8 -> BF16 -> FP32, FP16 / TF32 -> FP32),
