@@ -17,8 +17,11 @@ by the most loaded rank's link, not by the average ``S / n`` the uniform model
   own link) with each rank's own load; gloo: ``transport.gloo_time``'s all-to-all (one
   rendezvous, the n - 1 connections sharing the rank's link) with each rank's own load per
   class, the inter-node and cross-datacenter bytes also sharing the rank's NIC. The slowest
-  rank sets the time. A uniform matrix prices exactly as the uniform model on a placement where
-  every rank sees the same links (tests/test_expert_skew.py).
+  rank sets the time. A uniform matrix prices exactly as the uniform model for NCCL, and for
+  gloo where a rank's peers are all of one link class (the uniform gloo model puts all of a
+  rank's bytes on its slowest peer's rate; tests/test_expert_skew.py). An instance priced per
+  pair on either side (recorded splits, or a skew's target) is priced so on both, so the
+  source and the target use one model.
 - **Routing skew** (``ExpertSkew``, ``--expert-skew``): expert e (one per rank of the group,
   as the job maps them) gets a share of every source rank's tokens proportional to ``1 / k^s``,
   k its popularity rank (1 = the hottest), s the Zipf exponent (0: uniform). The popularity
