@@ -876,9 +876,14 @@ def _scale_experts(graph: ReplayGraph, scenario: Scenario, out: Weights) -> None
         gpu[gpu] = ~graph.ops["is_comm"][graph.op[gpu]].astype(bool)
     work |= gpu
     factor = np.ones(len(t_src))
+    mine = {}  # per rank: its work edges by start time (windows x edges would not scale)
+    for r in {w[0] for w in plan.windows}:
+        e = np.flatnonzero(work & (edge_rank == r))
+        mine[r] = e[np.argsort(t_src[e], kind="stable")]
     for r, a, b, f in plan.windows:
-        sel = work & (edge_rank == r) & (t_src >= a) & (t_dst <= b)
-        factor[sel] = f
+        e = mine[r]
+        e = e[np.searchsorted(t_src[e], a, "left"):np.searchsorted(t_src[e], b, "right")]
+        factor[e[t_dst[e] <= b]] = f
     hit = factor != 1
     out.w[hit] *= factor[hit]
     out.w_alt[hit] *= factor[hit]
