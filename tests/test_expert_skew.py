@@ -249,3 +249,31 @@ def test_command_line(store_path: Path, tmp_path: Path) -> None:
     assert rows[0]["projected_step_ns"] == rows[0]["measured_step_ns"]
     assert rows[0]["projected_step_ns"] < rows[1]["projected_step_ns"] \
         < rows[2]["projected_step_ns"]
+
+
+def test_the_readme_example_runs_as_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+                                            ) -> None:
+    """README's worked example "An MoE job's step vs link bandwidth and skew": its commands,
+    run in a directory laid out like the repository, print the table the README shows."""
+    from click.testing import CliRunner
+
+    from tracetool.cli import cli
+
+    from .test_readme_tour import commands
+
+    readme = (REPO / "README.md").read_text()
+    start = readme.index("### An MoE job's step vs link bandwidth and skew\n")
+    section = readme[start:readme.index("\n#", start + 10)]
+    blocks = section.split("```")
+    cmds = commands(blocks[1].removeprefix("sh\n"))
+    shown = [line.split() for line in blocks[3].strip().splitlines()[1:]]
+    assert [c[0] for c in cmds] == ["ingest", "sweep"] and len(shown) == 9
+    (tmp_path / "sample_traces").symlink_to(REPO / "sample_traces")
+    monkeypatch.chdir(tmp_path)
+    outs = []
+    for args in cmds:
+        res = CliRunner().invoke(cli, args, catch_exceptions=False)
+        assert res.exit_code == 0, res.output[-500:]
+        outs.append(res.output)
+    rows = [line.split() for line in outs[1].splitlines() if line.startswith("inter_node_bw")]
+    assert rows == shown
