@@ -896,6 +896,12 @@ def _scale_experts(graph: ReplayGraph, scenario: Scenario, out: Weights) -> None
             + " of the tokens (traced: " + ", ".join(f"{100 * x / traced.sum():.1f}%"
                                                      for x in traced)
             + "); the work between each rank's dispatch and combine is scaled by its tokens")
+    if not len(graph.ops["dur"]):  # a CPU job: the experts ran on host cores
+        out.notes.append("--expert-skew on a CPU job: each expert's time per token is the "
+                         "traced one; where ranks share cores it changes with the "
+                         "neighbours' load, which the replay does not model (the rig's uniform "
+                         "job ran its experts 2x slower per token than its skewed ones: "
+                         "docs/moe.md)")
 
 
 class ExpertSkewNoOp(WhatIfError):

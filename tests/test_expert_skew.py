@@ -225,6 +225,7 @@ def test_command_line(store_path: Path, tmp_path: Path) -> None:
                          "--expert-order", "3,0,2,1")
     assert code == 0, err
     assert "rank 0 24.0%, rank 1 12.0%, rank 2 16.0%, rank 3 48.0% of the tokens" in out
+    assert "note: --expert-skew on a CPU job: each expert's time per token is the traced" in out
     for args, message in [
         (["--expert-skew", "9"], "bad --expert-skew '9': give a Zipf exponent from 0 (uniform "
                                  "routing) to 8, e.g. 1.2"),
