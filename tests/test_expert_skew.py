@@ -278,3 +278,33 @@ def test_the_readme_example_runs_as_written(tmp_path: Path, monkeypatch: pytest.
         outs.append(res.output)
     rows = [line.split() for line in outs[1].splitlines() if line.startswith("inter_node_bw")]
     assert rows == shown
+
+
+def test_nccl_split_sizes_give_the_pair_bytes(tmp_path: Path) -> None:
+    """A synthetic 2-rank NCCL all-to-all recorded by record_param_comms with uneven splits
+    (the corpus has none: every NCCL all-to-all there records '[]' or no key): rank 0 sends
+    1 row to itself and 3 to rank 1, rank 1 2 and 2; rows of 256 bfloat16 (512 bytes)."""
+    from tracetool.ingest.pipeline import Options as Opts
+
+    from ._util import kineto_text, write, x
+
+    splits = {0: ([1, 3], [1, 2]), 1: ([2, 2], [3, 2])}  # rank -> (in, out) rows
+    files = []
+    for rank, (ins, outs) in splits.items():
+        args = {"Collective name": "all_to_allv", "In msg nelems": sum(ins) * 256,
+                "Out msg nelems": sum(outs) * 256, "In split size": str(ins),
+                "Out split size": str(outs), "dtype": "BFloat16", "Process Group Name": "0",
+                "Process Group Ranks": "[0, 1]", "Group size": 2, "Seq": 1}
+        ev = [x("ProfilerStep#1", 0, 1000, cat="user_annotation"),
+              x("record_param_comms", 5, 10, **args),
+              x("cudaLaunchKernel", 6, 3, cat="cuda_runtime", correlation=1),
+              x("ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<4096ul>)", 20, 30,
+                cat="kernel", pid=0, tid=7, device=0, stream=7, correlation=1)]
+        files.append(write(tmp_path / f"rank{rank}.json", kineto_text(ev, rank=rank)))
+    ingest(files, Opts(store=tmp_path / "s", job="j"))
+    con = tracetool.connect(tmp_path / "s")
+    assert con.execute("SELECT rank, kind, in_split_sizes, out_split_sizes, in_bytes FROM "
+                       "collective_ranks ORDER BY rank").fetchall() == [
+        (0, "all_to_all", "[1, 3]", "[1, 2]", 2048), (1, "all_to_all", "[2, 2]", "[3, 2]", 2048)]
+    g = Replayer.from_store(con, "j").graph
+    assert g.insts["pair_bytes"][0].tolist() == [[512, 1536], [1024, 1024]]
