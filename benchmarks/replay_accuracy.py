@@ -20,7 +20,11 @@ and out of sample, and the record tests/test_accuracy_record.py checks.
    out; it sizes the band's GPU terms and host_cpu, and its own hash of them is checked by
    tests/test_gpu_model.py).
 
+3. Expert-parallel skew (``expert_skew``): the rig's uniform and Zipf-skewed all-to-all jobs
+   projected onto each other with ``--expert-skew`` and across their two link settings.
+
     python benchmarks/replay_accuracy.py [--no-record]
+    python benchmarks/replay_accuracy.py --expert-skew   # section 3 alone, not recorded
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ import numpy as np
 import tracetool
 from tracetool.ingest.pipeline import Options, ingest
 from tracetool.replay import Replayer, Scenario, band, parse_network, transport
+from tracetool.replay.alltoall import ExpertSkew
 from tracetool.replay.band import ERRORS, NETWORK_TERMS, fit_network_terms, using_terms
 from tracetool.replay.model import weights
 from tracetool.replay.transport import SHARED_FILL_GRID, fit_shared_fill, shared_fill
@@ -416,6 +421,70 @@ def network(store: Path) -> dict:
     return record
 
 
+# ---- expert-parallel skew (issue 28): uniform -> skewed routing, skew -> skew, -> links ---
+
+# (source, target, Zipf exponent of the target or None for a network-only projection);
+# from the uniform job the experts' popularity order is the target job's (make_netlab.py's
+# seeded permutation: expert_shares), from a skewed one the trace's own (the same order)
+SKEW_CASES = (
+    ("a2a_1gbit", "skew1_1gbit", 1.0), ("a2a_1gbit", "skew2_1gbit", 2.0),
+    ("a2a_1gbit", "skew1_200mbit", 1.0), ("a2a_1gbit", "skew2_200mbit", 2.0),
+    ("skew1_1gbit", "skew2_1gbit", 2.0), ("skew2_1gbit", "skew1_1gbit", 1.0),
+    ("skew1_200mbit", "skew2_200mbit", 2.0), ("skew2_200mbit", "skew1_200mbit", 1.0),
+    ("skew1_1gbit", "skew2_200mbit", 2.0), ("skew2_1gbit", "skew1_200mbit", 1.0),
+    ("skew1_1gbit", "skew1_200mbit", None), ("skew1_200mbit", "skew1_1gbit", None),
+    ("skew2_1gbit", "skew2_200mbit", None), ("skew2_200mbit", "skew2_1gbit", None),
+)
+
+
+def expert_skew(store: Path) -> dict:
+    """The rig's MoE jobs projected onto each other with ``--expert-skew`` (and the network
+    where the link differs): the all-to-alls priced per pair (replay/alltoall.py), the
+    experts' compute scaled by their tokens. Nothing here is fitted (the pricing has no
+    constant of its own; the band's all-to-all term was sized on the first capture's
+    uniform job), so every case is out of sample; the skew1_* and skew2_200mbit settings are
+    also validation.json's held-out ones (marked *)."""
+    settings = load_settings()
+    names = sorted({n for case in SKEW_CASES for n in case[:2]})
+    lab = Netlab(store, settings, names)
+    held, _ = validation_settings(settings)
+    patterns = json.loads((NETLAB / "measured.json").read_text())["job"]["patterns"]
+    print("expert-parallel skew (sample_traces/netlab MoE jobs, issue 28): each source's trace "
+          "projected with --expert-skew (Zipf exponent over the experts) and/or the target's "
+          "link; error of the mean projected step against the mean step measured there; "
+          "'!': the band misses it; * held out in validation.json")
+    print(f"  {'source':16} {'target':16} {'skew':>5} {'projected ms':>13} {'measured ms':>12} "
+          f"{'error':>8} {'band ms':>20}")
+    cases = []
+    for src, dst, z in SKEW_CASES:
+        order = None
+        if z is not None and src.startswith("a2a"):
+            shares = patterns[settings[dst]["pattern"]]["expert_shares"]
+            order = tuple(sorted(range(len(shares)), key=lambda r: -shares[r]))
+        sc = Scenario(source_network=parse_network(settings[src]["network_spec"]),
+                      network=None if settings[src]["network_spec"]
+                      == settings[dst]["network_spec"]
+                      else parse_network(settings[dst]["network_spec"]),
+                      expert_skew=ExpertSkew(z, order) if z is not None else None)
+        res = lab.replayers[src].run(sc, critical_path=False, breakdown=False)
+        p = Pair("expert_skew", src, dst, _mean(x.projected_ns for x in res.steps),
+                 lab.truth[dst], _mean(x.low_ns for x in res.steps),
+                 _mean(x.high_ns for x in res.steps))
+        cases.append((p, z))
+        mark = {n: n + ("*" if n in held else "") for n in (src, dst)}
+        print(f"  {mark[src]:16} {mark[dst]:16} {'-' if z is None else f'{z:g}':>5} "
+              f"{p.projected / 1e6:13.1f} {p.truth / 1e6:12.1f} {100 * p.error:+7.1f}%"
+              f"{' ' if p.covered else '!'} [{p.low / 1e6:7.1f}, {p.high / 1e6:7.1f}]")
+    groups = {"from uniform": [p for p, _ in cases if p.src.startswith("a2a")],
+              "skew to skew": [p for p, z in cases if z is not None
+                               and not p.src.startswith("a2a")],
+              "skewed job, other link": [p for p, z in cases if z is None]}
+    for title, ps in groups.items():
+        print(f"  {title:24} {_line(summary(ps))}")
+    return {"cases": [{**p.as_json(), "expert_skew": z} for p, z in cases],
+            **{k: summary(v) for k, v in groups.items()}}
+
+
 def gpu(store: Path) -> dict | None:
     """The cross-GPU section: benchmarks/gpu_accuracy.py (its ``report()``, whose dict is
     recorded, else its ``main()``)."""
@@ -432,8 +501,14 @@ def gpu(store: Path) -> dict | None:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if "--expert-skew" in argv:  # this section alone, printed (no record written)
+        with tempfile.TemporaryDirectory() as tmp:
+            expert_skew(Path(tmp) / "moe")
+        return 0
     with tempfile.TemporaryDirectory() as tmp:
         record = network(Path(tmp) / "netlab")
+        print()
+        record["expert_skew"] = expert_skew(Path(tmp) / "moe")
         print()
         gpu_record = gpu(Path(tmp) / "bert")
     if gpu_record is not None:

@@ -241,6 +241,8 @@ def _file_rows(steps: list[dict], calls: list[tuple[dict, dict]], kernels: list[
             row = _row_from_args(o, {"Collective name": coll}, None, span, pg_ranks,
                                  "gloo" if span else "cpu")
             _size_from_dims(row, sa, a)
+            if key == "alltoall":
+                _alltoall_splits(row, a)
             if key in ("send", "recv"):  # c10d::send / recv_(tensors, group, peer, tag)
                 ci = a.get("Concrete Inputs")
                 row["peer_rank"] = _int(ci[2]) if isinstance(ci, list) and len(ci) > 2 else None
@@ -404,6 +406,22 @@ def _row_from_kernel(k: dict, pg_ranks: dict[str, list[int]], entry: Entry | Non
         "kernel_stream": k["stream"], "gloo_eid": None, "ts_ns": k["ts_ns"],
         "end_ns": k["end_ns"], "dur_ns": k["end_ns"] - k["ts_ns"],
     }
+
+
+def _alltoall_splits(row: dict, a: dict) -> None:
+    """A gloo all-to-all's sizes and split sizes from its c10d op (``alltoall_base_(output,
+    input, output_split_sizes, input_split_sizes, ...)``): the split sizes (rows, as NCCL's
+    ``In split size`` / ``Out split size``; ``[]`` for equal splits) are in its ``Concrete
+    Inputs`` [4] / [3], and its input and output tensors in ``Input Dims`` [1] / [0] (the
+    gloo span's shape is the output's: what this rank receives, not what it sends)."""
+    ci, dims = a.get("Concrete Inputs"), a.get("Input Dims")
+    if isinstance(ci, list) and len(ci) > 4:
+        row["out_split_sizes"] = ci[3] if isinstance(ci[3], str) and ci[3] else None
+        row["in_split_sizes"] = ci[4] if isinstance(ci[4], str) and ci[4] else None
+    if isinstance(dims, list) and len(dims) > 1 and isinstance(dims[0], list) \
+            and isinstance(dims[1], list) and dims[0] and dims[1]:
+        row["out_nelems"] = _nelems([dims[0]])
+        row["in_nelems"] = _nelems([dims[1]])
 
 
 def _text(v: object) -> str | None:

@@ -57,6 +57,8 @@ from tracetool.graph import CLASSES, KIND_NAMES
 from tracetool.schema import MAX_RANK, MAX_STEP
 from tracetool.text import number_ranges
 
+from .alltoall import pair_bytes
+
 # roles of an edge in the replay: what a scenario may change about it
 FIXED, OP_DURATION, COMM_DURATION, TRANSFER, ARRIVAL = range(5)
 _COLLECTIVE = KIND_NAMES.index("collective")
@@ -480,7 +482,7 @@ _INSTANCES_SQL = """
 SELECT c.rank, c.instance, coalesce(c.kernel_eid, c.gloo_eid) AS x_eid, c.ts_ns, c.end_ns,
        c.collective, c.kind, c.pg_desc, c.group_size,
        CASE WHEN coalesce(c.group_ranks_truncated, FALSE) THEN NULL ELSE c.group_ranks END
-           AS group_ranks, c.bytes, c.step, c.elem_bytes
+           AS group_ranks, c.bytes, c.step, c.elem_bytes, c.in_split_sizes, c.in_bytes
 FROM collective_ranks c
 WHERE c.job = $job AND c.instance IS NOT NULL
   AND coalesce(c.kernel_eid, c.gloo_eid) IS NOT NULL
@@ -809,6 +811,15 @@ def _instances(ci: dict, inst_all: np.ndarray, used: np.ndarray, names_all: np.n
         return np.array([np.nan if x is None else float(x) for x in v.tolist()])
 
     step = num("step")
+    # an all-to-all's bytes per pair of ranks, from each rank's split sizes (alltoall.py)
+    splits: dict[int, dict[int, tuple]] = {}
+    kinds = ci["kind"].astype(str)
+    for row in np.flatnonzero(rows & (kinds == "all_to_all")).tolist():
+        splits.setdefault(int(inst_all[row]), {})[int(ci["rank"][row])] = (
+            ci["in_split_sizes"][row], ci["in_bytes"][row])
+    pairs = [pair_bytes(len(group_ranks[i]), splits[i], sorted(splits[i]))
+             if i in splits and sorted(splits[i]) == group_ranks[i] else None
+             for i in range(n_inst)]
     return {
         "instance": names_all[used],
         "collective": ci["collective"][first].astype(str),
@@ -820,6 +831,7 @@ def _instances(ci: dict, inst_all: np.ndarray, used: np.ndarray, names_all: np.n
         "n_ranks": np.bincount(inst_idx, minlength=n_inst),  # replayed ranks in it
         "step": np.where(np.isnan(step), -1, step).astype(np.int64),  # on its first rank
         "elem_bytes": num("elem_bytes"),
+        "pair_bytes": pairs,  # n x n bytes group rank i sends to j, None: uniform (S / n)
     }
 
 

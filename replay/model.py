@@ -20,6 +20,9 @@ waits and the program's structure stay as measured):
 - ``--gpu-clock`` / ``--power-cap``: the GPU (the ``--gpu`` target, else the trace's) at
   another SM clock, given or sustained under a power cap: GPU op durations as for ``--gpu``,
   onto the same GPU with its peak FLOPS scaled by the clock (``clocks.py``);
+- ``--expert-skew S``: the all-to-alls' bytes redistributed over the ranks by a Zipf(S)
+  routing, priced per pair (``alltoall.py``), and the expert compute between each dispatch and
+  combine scaled by the tokens its expert receives;
 - ``--cpu-speedup F``: the host's CPU work divided by F (``cpu_work``: the time between two
   points of a CPU thread where it bound the later one: op self time, Python functions,
   runtime and driver calls); host waits, syncs, launch latencies and GPU idle are edges of
@@ -44,7 +47,10 @@ from tracetool.opwork import (
     roofline_s,
     work_of,
 )
+from tracetool.text import number_ranges
 
+from . import alltoall
+from .alltoall import ExpertSkew, SkewPlan, skew_plan
 from .clocks import DVFS_EXPONENT, GpuPower, PowerCap, at_clock, gpu_power, scenario_clock
 from .compute import (
     COMPUTE_BOUND,
@@ -104,6 +110,8 @@ class Scenario:
     microbatches: int | None = None
     pipeline_schedule: str | None = None
     keep_microbatch_size: bool = False  # N microbatches of the traced size, not M / N of it
+    # --expert-skew: the all-to-alls' routing redistributed over the experts (alltoall.py)
+    expert_skew: ExpertSkew | None = None
 
     @property
     def changes_network(self) -> bool:
@@ -299,6 +307,8 @@ def check_scenario(graph: ReplayGraph, scenario: Scenario) -> None:
                               "clock or power cap changes nothing")
         clocked_gpu(graph, scenario)  # a clock outside the GPU's range, a cap below its minimum
     _refuse_comm_only(graph, scenario)
+    if scenario.expert_skew is not None:
+        expert_plan(graph, scenario)  # no all-to-all, unpaired ones, an order missing ranks
     if scenario.gpu is not None and not scenario.changes_clock \
             and source_gpu(graph, scenario) == scenario.gpu:
         raise GpuNoOp(f"GPU {scenario.gpu.name!r}: job {graph.job} ran on it already, so "
@@ -631,12 +641,12 @@ def collective_factors(graph: ReplayGraph, scenario: Scenario
     n = len(insts["transfer_ns"])
     k, model_ns, costs = np.ones(n), np.full(n, np.nan), np.zeros((n, 4))
     notes: list[str] = []
-    if not scenario.changes_network and scenario.gpu is None:
+    if not scenario.changes_network and scenario.gpu is None and scenario.expert_skew is None:
         return k, model_ns, notes, costs
     src = source_network(graph, scenario)
     dst = target_network(graph, scenario)
     if src is None or dst is None:
-        if scenario.changes_network:
+        if scenario.changes_network or scenario.expert_skew is not None:
             raise ValueError("the trace names no GPU of the catalog, so its network is "
                              "unknown: give --source-network (e.g. gpus_per_node=1,"
                              "inter_node_bw=1Gbit/s)")
@@ -651,6 +661,8 @@ def collective_factors(graph: ReplayGraph, scenario: Scenario
     sharing = 1 + overlap_share(graph)
     idle = idle_before(graph) if backend == "gloo" else np.zeros(n)
     guessed = 0
+    per_pair = priced_per_pair(graph, scenario, dp)
+    plan = expert_plan(graph, scenario)
     for i in range(n):
         ranks = insts["group_ranks"][i]
         if len(ranks) < 2:
@@ -658,6 +670,11 @@ def collective_factors(graph: ReplayGraph, scenario: Scenario
         kind = insts["kind"][i]
         measured_s = insts["transfer_ns"][i] * 1e-9
         nbytes = insts["bytes"][i]
+        if per_pair[i]:
+            m = alltoall.source_matrix(insts, i)  # priced per pair (alltoall.py)
+            costs[i] = alltoall.costs(src, dst, m, plan.target.get(i, m), ranks, backend,
+                                      round(idle[i], 3))
+            continue
         if not nbytes > 0:
             if kind not in KINDS:
                 continue  # not priced: keeps its measured transfer
@@ -802,6 +819,94 @@ def check_network_changes(graph: ReplayGraph, scenario: Scenario) -> None:
     if source_network(graph, scenario) == scenario.network:
         raise NetworkNoOp(f"the network changes nothing for job {graph.job}: every setting "
                           "of it is the source network's")
+
+
+def priced_per_pair(graph: ReplayGraph, scenario: Scenario, dp: np.ndarray | None = None
+                    ) -> np.ndarray:
+    """Per instance: an all-to-all priced per pair of ranks (``alltoall.py``: its split sizes
+    are recorded, or ``--expert-skew`` redistributes it), not as uniform; never one that
+    --dp-scale widens (its pairs are unknown)."""
+    insts = graph.insts
+    n = len(insts["transfer_ns"])
+    pairs = insts.get("pair_bytes") or [None] * n
+    target = expert_plan(graph, scenario).target
+    dp = _dp_groups(graph) if dp is None and scenario.dp_scale != 1 else dp
+    return np.array([k == "all_to_all" and len(g) >= 2 and (m is not None or i in target)
+                     and not (dp is not None and dp[i])
+                     for i, (k, g, m) in enumerate(zip(insts["kind"], insts["group_ranks"],
+                                                       pairs, strict=True))], dtype=bool)
+
+
+def expert_plan(graph: ReplayGraph, scenario: Scenario) -> SkewPlan:
+    """The scenario's ``--expert-skew`` plan (``alltoall.skew_plan``; empty without one),
+    computed once per graph and skew."""
+    if scenario.expert_skew is None:
+        return SkewPlan()
+    key = ("expert_plan", scenario.expert_skew)
+    if key not in graph.memo:
+        graph.memo[key] = skew_plan(graph.insts, _comm_spans(graph), scenario.expert_skew,
+                                    graph.job)
+    return graph.memo[key][0]
+
+
+def check_expert_skew_changes(graph: ReplayGraph, scenario: Scenario) -> None:
+    """``WhatIfError`` for an ``--expert-skew`` that moves no byte and no expert's work (the
+    routing the trace already has). Not part of ``check_scenario``: from Python, replaying
+    the trace's own routing is an identity check."""
+    if scenario.expert_skew is None:
+        return
+    plan, source = graph.memo.get(("expert_plan", scenario.expert_skew)) or skew_plan(
+        graph.insts, _comm_spans(graph), scenario.expert_skew, graph.job)
+    if not plan.changes(source):
+        raise ExpertSkewNoOp(f"--expert-skew {scenario.expert_skew} changes nothing for job "
+                             f"{graph.job}: it is the routing the trace has")
+
+
+def _scale_experts(graph: ReplayGraph, scenario: Scenario, out: Weights) -> None:
+    """The expert compute (``alltoall.skew_plan``'s windows: the work on a rank between its
+    dispatch and its combine: CPU work, and GPU ops other than communication) scaled by the
+    tokens its expert gets, target over traced; a note with the tokens."""
+    plan = expert_plan(graph, scenario)
+    if not plan.windows:
+        return
+    t_src, t_dst = graph.t0[graph.src], graph.t0[graph.dst]
+    edge_rank = graph.rank[graph.dst >> 1]
+    work = cpu_work(graph)
+    gpu = graph.role == OP_DURATION
+    if gpu.any():
+        gpu[gpu] = ~graph.ops["is_comm"][graph.op[gpu]].astype(bool)
+    work |= gpu
+    factor = np.ones(len(t_src))
+    mine = {}  # per rank: its work edges by start time (windows x edges would not scale)
+    for r in {w[0] for w in plan.windows}:
+        e = np.flatnonzero(work & (edge_rank == r))
+        mine[r] = e[np.argsort(t_src[e], kind="stable")]
+    for r, a, b, f in plan.windows:
+        e = mine[r]
+        e = e[np.searchsorted(t_src[e], a, "left"):np.searchsorted(t_src[e], b, "right")]
+        factor[e[t_dst[e] <= b]] = f
+    hit = factor != 1
+    out.w[hit] *= factor[hit]
+    out.w_alt[hit] *= factor[hit]
+    for g, (traced, target) in plan.tokens.items():
+        out.notes.append(
+            f"--expert-skew {scenario.expert_skew}: the all-to-alls of ranks "
+            f"{number_ranges(list(g))} routed Zipf({scenario.expert_skew.zipf:g}): the experts "
+            "get " + ", ".join(f"rank {r} {100 * x / target.sum():.1f}%"
+                               for r, x in zip(g, target, strict=True))
+            + " of the tokens (traced: " + ", ".join(f"{100 * x / traced.sum():.1f}%"
+                                                     for x in traced)
+            + "); the work between each rank's dispatch and combine is scaled by its tokens")
+    if not len(graph.ops["dur"]):  # a CPU job: the experts ran on host cores
+        out.notes.append("--expert-skew on a CPU job: each expert's time per token is the "
+                         "traced one; where ranks share cores it changes with the "
+                         "neighbours' load, which the replay does not model (the rig's uniform "
+                         "job ran its experts 2x slower per token than its skewed ones: "
+                         "docs/moe.md)")
+
+
+class ExpertSkewNoOp(WhatIfError):
+    """An --expert-skew that is the routing the trace has (``check_expert_skew_changes``)."""
 
 
 def _comm_spans(graph: ReplayGraph) -> tuple[np.ndarray, ...]:
@@ -975,11 +1080,16 @@ def weights(graph: ReplayGraph, scenario: Scenario) -> Weights:
         c = costs[i]
         bw_src, bw_dst = c[:, 0] - c[:, 1], c[:, 2] - c[:, 3]
         ratio = np.divide(bw_dst, bw_src, out=np.ones(len(i)), where=bw_src > 0)
-        scale = 1 + shared[i] * (ratio - 1)
+        # an all-to-all priced per pair: ranks end when their own pairs are done, so a rank's
+        # time beyond the shortest is its link's extra bytes, and scales like them
+        scale = np.where(priced_per_pair(graph, scenario)[i], ratio,
+                         1 + shared[i] * (ratio - 1))
         w[xfer] = np.where(lag > 0, np.maximum(new[i] + excess * scale, 0.0), lag)
         out.w_alt[xfer] = lag + (alt - t)[i]
     if scenario.changes_cpu:
         _scale_cpu(graph, scenario, out)
+    if scenario.expert_skew is not None:
+        _scale_experts(graph, scenario, out)
     return out
 
 

@@ -15,6 +15,7 @@ import numpy as np
 
 from tracetool.errors import InputError
 
+from .alltoall import ExpertSkew
 from .clocks import PowerCap
 from .graph import ReplayGraph
 from .model import (
@@ -77,7 +78,8 @@ def sweep(replayer: Replayer, base: Scenario, network_axes: list[str],
           gpus: list[str] | None = None, dp_scales: list[int] | None = None,
           include_incomplete: bool = False, *, gpu_clocks: list[float] | None = None,
           power_caps: list[PowerCap] | None = None,
-          cpu_speedups: list[float] | None = None) -> list[dict]:
+          cpu_speedups: list[float] | None = None,
+          expert_skews: list[ExpertSkew] | None = None) -> list[dict]:
     """One row per grid point: the setting (as a label, and as ``axes``: axis -> value), and
     measured / projected step time, band and breakdown as the mean over the job's complete
     steps, and the power model's GPU clock, power and energy per step (``GpuPower``; None
@@ -95,12 +97,14 @@ def sweep(replayer: Replayer, base: Scenario, network_axes: list[str],
     grid = itertools.product(*[[(k, v) for v in vals] for k, vals in axes],
                              gpus or [None], dp_scales or [base.dp_scale],
                              gpu_clocks or [base.gpu_clock_mhz], power_caps or [base.power_cap],
-                             cpu_speedups or [base.cpu_speedup])
+                             cpu_speedups or [base.cpu_speedup],
+                             expert_skews or [base.expert_skew])
     for point in grid:
-        *net_items, gpu, dp, clock, cap, cpu = point
+        *net_items, gpu, dp, clock, cap, cpu, skew = point
         parts = [f"{k}={v}" for k, v in net_items]
         coords = dict(net_items)
-        sc = replace(base, dp_scale=dp, gpu_clock_mhz=clock, power_cap=cap, cpu_speedup=cpu)
+        sc = replace(base, dp_scale=dp, gpu_clock_mhz=clock, power_cap=cap, cpu_speedup=cpu,
+                     expert_skew=skew)
         if net_items:
             sc = replace(sc, network=parse_network(",".join(parts), base=base_net))
         if gpu is not None:
@@ -108,10 +112,12 @@ def sweep(replayer: Replayer, base: Scenario, network_axes: list[str],
         for key, on, value in (("gpu", gpu is not None, gpu), ("dp_scale", dp_scales, dp),
                                ("gpu_clock", on_axis(gpu_clocks), clock),
                                ("power_cap", on_axis(power_caps), cap),
-                               ("cpu_speedup", on_axis(cpu_speedups), cpu)):
+                               ("cpu_speedup", on_axis(cpu_speedups), cpu),
+                               ("expert_skew", on_axis(expert_skews), skew)):
             if on:  # the axes' values, in the label and the plot's coordinates
                 text = f"{value:g}MHz" if key == "gpu_clock" else (
-                    f"{value:g}" if key == "cpu_speedup" else str(value))
+                    f"{value:g}" if key == "cpu_speedup" else
+                    f"{value.zipf:g}" if key == "expert_skew" else str(value))
                 parts.append(f"{key}={text}")
                 coords[key] = text
         sc = replace(sc, label=", ".join(parts) or "identity")

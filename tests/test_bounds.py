@@ -373,7 +373,7 @@ REPLAY_OPTIONS = [
     _option("--window", st.builds(lambda a, b: f"{a}ms:{b}ms", NUMBER, NUMBER)),
     _option("--network", NETWORK), _option("--gpu-clock", VALUE),
     _option("--power-cap", VALUE), _option("--speedup", NUMBER.map(lambda f: f"gemm={f}")),
-    _option("--cpu-speedup", NUMBER),
+    _option("--cpu-speedup", NUMBER), _option("--expert-skew", NUMBER),
 ]
 SWEEP_OPTIONS = [
     _option("--network", AXIS), _option("--dp-scale", st.lists(NUMBER, min_size=1, max_size=3)

@@ -545,8 +545,8 @@ def test_power_cap_and_gpu_clock_are_sweep_axes(store: Path, tmp_path: Path,
     (["--power-cap", "70%,10%"], "power cap '10%' (40 W): below the A100 SXM 80GB's minimum "
                                  "power limit of 100 W (tracetool/gpus/a100.toml)", 2),
     (["--power-cap", "50%"], "nothing to sweep: give --network key=v1,v2,..., --gpu, "
-                             "--dp-scale, or several --gpu-clock, --power-cap or --cpu-speedup "
-                             "values (--placement is not an axis)", 2),
+                             "--dp-scale, or several --gpu-clock, --power-cap, --cpu-speedup "
+                             "or --expert-skew values (--placement is not an axis)", 2),
 ])
 def test_sweep_rejects_bad_clock_and_cap_axes(store: Path, tmp_path: Path, args: list[str],
                                               message: str, code: int) -> None:

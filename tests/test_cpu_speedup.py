@@ -254,8 +254,9 @@ def test_sweep_axis_and_csv(pair, tmp_path: Path) -> None:  # noqa: ANN001
     (["--cpu-speedup", "1"], "bad --cpu-speedup '1': a factor of 1 changes nothing"),
     (["--cpu-speedup", "1,0"], f"bad --cpu-speedup '0': {RANGE}"),
     (["--cpu-speedup", "2"], "nothing to sweep: give --network key=v1,v2,..., --gpu, "
-                             "--dp-scale, or several --gpu-clock, --power-cap or "
-                             "--cpu-speedup values (--placement is not an axis)"),
+                             "--dp-scale, or several --gpu-clock, --power-cap, "
+                             "--cpu-speedup or --expert-skew values (--placement is not an "
+                             "axis)"),
 ])
 def test_sweep_refuses_bad_cpu_speedups(synthetic: Path, tmp_path: Path, args: list[str],
                                         message: str) -> None:

@@ -264,10 +264,12 @@ def test_transfers_priced_by_the_network(store: tuple[Path, dict]) -> None:
      "another", 2),
     (["--microbatches", "2", "--steps", "1:2"], "tracetool: error: a pipeline what-if "
      "(--microbatches, --pipeline-schedule) takes no --chrome-trace, --plot, --steps, "
-     "--step, --ranks, --annotation, --window, --placement or --cpu-speedup", 2),
+     "--step, --ranks, --annotation, --window, --placement, --cpu-speedup or --expert-skew",
+     2),
     (["--microbatches", "2", "--cpu-speedup", "2"], "tracetool: error: a pipeline what-if "
      "(--microbatches, --pipeline-schedule) takes no --chrome-trace, --plot, --steps, "
-     "--step, --ranks, --annotation, --window, --placement or --cpu-speedup", 2),
+     "--step, --ranks, --annotation, --window, --placement, --cpu-speedup or --expert-skew",
+     2),
 ])
 def test_whatif_errors(store: tuple[Path, dict], args: list[str], message: str,
                        code: int) -> None:

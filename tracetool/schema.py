@@ -328,8 +328,11 @@ COLLECTIVES = Table(
         _c("out_nelems", I64, "Output elements."),
         _c("in_bytes", I64, "in_nelems * elem_bytes."),
         _c("out_bytes", I64, "out_nelems * elem_bytes."),
-        _c("in_split_sizes", STR, "args['In split size'] as written."),
-        _c("out_split_sizes", STR, "args['Out split size'] as written."),
+        _c("in_split_sizes", STR, "All-to-all: rows sent to each rank of the group, as "
+           "written: args['In split size'] (NCCL), the c10d::alltoall_base_ op's Concrete "
+           "Inputs [4] (gloo); '[]' for equal splits."),
+        _c("out_split_sizes", STR, "All-to-all: rows received from each rank: args['Out "
+           "split size'], or Concrete Inputs [3]."),
         _c("peer_rank", I32, "Peer rank of send/recv (Src/Dst Rank or Rank)."),
         _c("cpu_ts_ns", I64, "Start of the describing CPU event."),
         _c("cpu_dur_ns", I64, "Its duration."),

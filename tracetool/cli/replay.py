@@ -23,6 +23,7 @@ from tracetool.errors import InputError
 from tracetool.hardware import Gpu, catalog_help
 from tracetool.outputs import check_output
 from tracetool.replay import model
+from tracetool.replay.alltoall import MAX_ZIPF, parse_expert_skew
 from tracetool.replay.clocks import GpuPower, parse_gpu_clock, parse_power_cap
 from tracetool.replay.compute import CATEGORIES, SPEEDUP_RANGE, WhatIfError, parse_speedup
 from tracetool.replay.graph import (
@@ -117,6 +118,13 @@ def scenario_options(fn: Callable) -> Callable:
                      "functions, runtime calls; not its waits) by this factor, "
                      f"{CPU_SPEEDUP_RANGE[0]:g} to {CPU_SPEEDUP_RANGE[1]:g}, not 1 (sweep: "
                      "several, comma-separated, are an axis, 1 the baseline)."),
+        click.option("--expert-skew", help="Route the all-to-alls' tokens Zipf(S) over the "
+                     "experts (one per rank of the group; S from 0, uniform, to "
+                     f"{MAX_ZIPF:g}): bytes per pair and each expert's compute follow "
+                     "(docs/moe.md). (sweep: several, comma-separated, are an axis.)"),
+        click.option("--expert-order", help="With --expert-skew: the ranks whose experts are "
+                     "hottest first, comma-separated (default: the trace's, by the tokens "
+                     "each received)."),
         click.option("--include-incomplete", is_flag=True,
                      help="Also the incomplete steps (cut by the trace window, open, or "
                           "missing on some ranks; docs/steps.md)."),
@@ -178,7 +186,8 @@ def gpu_option(option: str, text: str) -> Gpu:
 def parse_whatifs(source_gpu: str | None, speedups: tuple[str, ...],
                   gpus: tuple[str, ...] = (), gpu_clock: str | None = None,
                   power_cap: str | None = None, networks: tuple[str | None, ...] = (),
-                  cpu_speedup: str | None = None) -> None:
+                  cpu_speedup: str | None = None, expert_skew: str | None = None,
+                  expert_order: str | None = None) -> None:
     """Check the what-if values that need no store, before the graph is built: --source-gpu,
     each --gpu, each --speedup, --gpu-clock, --power-cap and --cpu-speedup as numbers
     (``WhatIfError``), and the network specs' values (``parse_spec``: InputError)."""
@@ -197,6 +206,10 @@ def parse_whatifs(source_gpu: str | None, speedups: tuple[str, ...],
         parse_power_cap(power_cap)
     if cpu_speedup is not None:
         parse_cpu_speedup(cpu_speedup)
+    if expert_order is not None and expert_skew is None:
+        raise InputError("--expert-order goes with --expert-skew")
+    if expert_skew is not None:
+        parse_expert_skew(expert_skew, expert_order)
 
 
 def add_energy(report: dict, power: GpuPower | None) -> dict:
@@ -211,10 +224,12 @@ def add_energy(report: dict, power: GpuPower | None) -> dict:
 
 def base_scenario(replayer: Replayer, source_gpu: str | None, source_net: str | None,
                   speedups: tuple[str, ...], gpu_clock: str | None = None,
-                  power_cap: str | None = None, cpu_speedup: str | None = None) -> Scenario:
+                  power_cap: str | None = None, cpu_speedup: str | None = None,
+                  expert_skew: str | None = None, expert_order: str | None = None
+                  ) -> Scenario:
     """The scenario the what-ifs start from: source overrides, speedups (each checked to
     change some GPU op of the replayer's job), the GPU clock and power cap, the CPU
-    speedup."""
+    speedup, the experts' routing skew."""
     parsed = tuple(parse_speedup(s) for s in speedups)
     check_speedups(replayer.graph, parsed)  # before any setting runs (weights checks again)
     return Scenario(
@@ -223,7 +238,9 @@ def base_scenario(replayer: Replayer, source_gpu: str | None, source_net: str | 
         speedups=parsed,
         gpu_clock_mhz=parse_gpu_clock(gpu_clock) if gpu_clock is not None else None,
         power_cap=parse_power_cap(power_cap) if power_cap is not None else None,
-        cpu_speedup=parse_cpu_speedup(cpu_speedup) if cpu_speedup is not None else 1.0)
+        cpu_speedup=parse_cpu_speedup(cpu_speedup) if cpu_speedup is not None else 1.0,
+        expert_skew=parse_expert_skew(expert_skew, expert_order) if expert_skew is not None
+        else None)
 
 
 def placed_scenario(replayer: Replayer, sc: Scenario, placed: Placement) -> Scenario:
@@ -265,6 +282,7 @@ def placed_scenario(replayer: Replayer, sc: Scenario, placed: Placement) -> Scen
 def replay_command(store: Path, job: str | None, source_gpu: str | None,
                    source_network: str | None, speedups: tuple[str, ...],
                    gpu_clock: str | None, power_cap: str | None, cpu_speedup: str | None,
+                   expert_skew: str | None, expert_order: str | None,
                    include_incomplete: bool, annotation: str | None, instance: int | None,
                    window: str | None, steps_range: str | None, ranks_spec: str | None,
                    step: int | None, gpu: str | None,
@@ -281,9 +299,11 @@ def replay_command(store: Path, job: str | None, source_gpu: str | None,
     the catalog, a --speedup with an unknown category or one matching no GPU op of the job,
     a --gpu-clock outside the GPU's range, a --power-cap below its minimum limit, either of
     them unparsable or on a CPU job, a --cpu-speedup of 1, out of range or on a job with no
-    CPU work to scale, a bad --steps (A > B, or no step of the job in it),
-    --step (not a complete step of the job) or --ranks (a rank the job does not have, a
-    replica that cannot be told), any number outside its range (--help shows them), a
+    CPU work to scale, an --expert-skew out of range, on a job with no all-to-all, whose
+    all-to-alls are not (dispatch, combine) pairs or that is the trace's routing, an
+    --expert-order that misses a rank of the group, a bad --steps (A > B, or no step of
+    the job in it), --step (not a complete step of the job) or --ranks (a rank the job does
+    not have, a replica that cannot be told), any number outside its range (--help shows them), a
     --dp-scale projecting more ranks than the model prices, or a --placement file that is
     bad, does not place the job's ranks or changes nothing; 1 on a bad store, job or other
     setting (one line on stderr). The output ends with the collectives by the links they
@@ -297,7 +317,8 @@ def replay_command(store: Path, job: str | None, source_gpu: str | None,
             if path is not None:
                 check_output(path, option, [store])
         parse_whatifs(source_gpu, speedups, (gpu,) if gpu is not None else (), gpu_clock,
-                      power_cap, (source_network, network), cpu_speedup)
+                      power_cap, (source_network, network), cpu_speedup, expert_skew,
+                      expert_order)
         placed = placement_of(placement, list(parse_spec(_spec(network))) if network else [])
         steps, ranks = parse_bounds(steps_range, ranks_spec, step)
         windows = windows_of(annotation, instance, window)
@@ -313,10 +334,11 @@ def replay_command(store: Path, job: str | None, source_gpu: str | None,
         use_windows(con, job, windows)
         if microbatches is not None or pipeline_schedule is not None:
             if chrome or plot or steps or ranks or annotation or window or placement \
-                    or cpu_speedup:
+                    or cpu_speedup or expert_skew:
                 raise InputError("a pipeline what-if (--microbatches, --pipeline-schedule) "
                                  "takes no --chrome-trace, --plot, --steps, --step, --ranks, "
-                                 "--annotation, --window, --placement or --cpu-speedup")
+                                 "--annotation, --window, --placement, --cpu-speedup or "
+                                 "--expert-skew")
             sc = Scenario(
                 gpu=gpu_option("--gpu", gpu) if gpu is not None else None,
                 source_network=parse_network(_spec(source_network)) if source_network
@@ -348,7 +370,7 @@ def replay_command(store: Path, job: str | None, source_gpu: str | None,
             raise InputError(f"{store}: job {job} has no complete "
                              f"ProfilerStep#{step}") from None
         sc = base_scenario(replayer, source_gpu, source_network, speedups, gpu_clock,
-                           power_cap, cpu_speedup)
+                           power_cap, cpu_speedup, expert_skew, expert_order)
         label = []
         if gpu is not None:
             sc = replace(sc, gpu=gpu_option("--gpu", gpu))
@@ -372,9 +394,12 @@ def replay_command(store: Path, job: str | None, source_gpu: str | None,
         label += [f"speedup {s}" for s in speedups]
         if sc.changes_cpu:
             label.append(f"cpu_speedup={sc.cpu_speedup:g}")
+        if sc.expert_skew is not None:
+            label.append(f"expert_skew={sc.expert_skew}")
         sc = replace(sc, label=", ".join(label) or "identity")
         model.check_scenario(replayer.graph, sc)  # a bad what-if: one line, before warnings
         model.check_network_changes(replayer.graph, sc)
+        model.check_expert_skew_changes(replayer.graph, sc)
         warn_collectives(con, job)  # how well the collectives matched: the replay rests on it
         result = replayer.run(sc, include_incomplete=include_incomplete)
         power = model.scenario_power(replayer.graph, sc)

@@ -31,9 +31,15 @@ from tracetool.cli.replay import (
 )
 from tracetool.errors import InputError
 from tracetool.outputs import atomic_write, check_output
+from tracetool.replay.alltoall import parse_expert_skew
 from tracetool.replay.clocks import PowerCap, parse_gpu_clock, parse_power_cap
 from tracetool.replay.graph import Bounds, job_ranks
-from tracetool.replay.model import check_dp_scale, check_scenario, parse_cpu_speedup
+from tracetool.replay.model import (
+    check_dp_scale,
+    check_expert_skew_changes,
+    check_scenario,
+    parse_cpu_speedup,
+)
 from tracetool.replay.network import MAX_WORLD
 from tracetool.replay.plots import plot_sweep
 
@@ -59,6 +65,7 @@ T = TypeVar("T")
 def sweep_command(store: Path, job: str | None, source_gpu: str | None,
                   source_network: str | None, speedups: tuple[str, ...],
                   gpu_clock: str | None, power_cap: str | None, cpu_speedup: str | None,
+                  expert_skew: str | None, expert_order: str | None,
                   include_incomplete: bool,
                   annotation: str | None, instance: int | None,
                   window: str | None, steps_range: str | None, ranks_spec: str | None,
@@ -69,15 +76,16 @@ def sweep_command(store: Path, job: str | None, source_gpu: str | None,
     bar per setting, stacked by compute / memcpy / exposed comm / idle; else curves along the
     first axis, a line per value of the second, a facet per value of the third; one axis's
     curve over the breakdown stacked as areas). The axes: --network (repeatable), --gpu,
-    --dp-scale, --gpu-clock, --power-cap and --cpu-speedup (several values, comma-separated;
-    one value of the last three applies to every setting). The table has the power model's
-    energy per step (J) beside the step times. --placement places the ranks for every
-    setting (as for replay; not an axis).
+    --dp-scale, --gpu-clock, --power-cap, --cpu-speedup and --expert-skew (several values,
+    comma-separated; one value of the last four applies to every setting). The table has
+    the power model's energy per step (J) beside the step times. --placement places the
+    ranks for every setting (as for replay; not an axis).
 
     Exit code 0; 2 on a what-if that names or changes nothing: a --gpu entry or --source-gpu
     not in the catalog, a --speedup with an unknown category or one matching no GPU op of
     the job, a --gpu-clock or --power-cap that is bad for any GPU of the sweep, a
-    --cpu-speedup out of range (or 1 alone) or on a job with no CPU work, a bad --steps or
+    --cpu-speedup out of range (or 1 alone) or on a job with no CPU work, an --expert-skew
+    out of range or on a job with no all-to-all (as for replay), a bad --steps or
     --ranks (as for replay), a network axis value or --dp-scale outside its range (as for
     replay), an axis given twice, a value given twice in one; 1 on a bad store, job or
     other setting (one line on stderr)."""
@@ -90,12 +98,17 @@ def sweep_command(store: Path, job: str | None, source_gpu: str | None,
         caps = _values("--power-cap", power_cap, parse_power_cap)
         cpus = _values("--cpu-speedup", cpu_speedup,
                        lambda v: parse_cpu_speedup(v, one_ok=len(cpu_speedup.split(",")) > 1))
+        if expert_order is not None and expert_skew is None:
+            raise InputError("--expert-order goes with --expert-skew")
+        skews = _values("--expert-skew", expert_skew,
+                        lambda v: parse_expert_skew(v, expert_order))
         fixed = {k: t for k, t, v in (("clock", gpu_clock, clocks), ("cap", power_cap, caps),
-                                      ("cpu", cpu_speedup, cpus)) if not on_axis(v)}
-        if not axes and gpus is None and dp_scales is None and len(fixed) == 3:
+                                      ("cpu", cpu_speedup, cpus), ("skew", expert_skew, skews))
+                 if not on_axis(v)}
+        if not axes and gpus is None and dp_scales is None and len(fixed) == 4:
             raise InputError("nothing to sweep: give --network key=v1,v2,..., --gpu, "
-                             "--dp-scale, or several --gpu-clock, --power-cap or --cpu-speedup "
-                             "values (--placement is not an axis)")
+                             "--dp-scale, or several --gpu-clock, --power-cap, --cpu-speedup "
+                             "or --expert-skew values (--placement is not an axis)")
         scales = _dp_scales(dp_scales) if dp_scales is not None else None
         gpu_list = [g.strip() for g in gpus.split(",")] if gpus is not None else []
         parse_whatifs(source_gpu, speedups, tuple(gpu_list), fixed.get("clock"),
@@ -113,7 +126,11 @@ def sweep_command(store: Path, job: str | None, source_gpu: str | None,
             raise click.ClickException(f"{store}: {left_out}")
         replayer = Replayer.from_store(con, job, bounds)
         base = base_scenario(replayer, source_gpu, source_network, speedups,
-                             fixed.get("clock"), fixed.get("cap"), fixed.get("cpu"))
+                             fixed.get("clock"), fixed.get("cap"), fixed.get("cpu"),
+                             fixed.get("skew"), expert_order if "skew" in fixed else None)
+        if base.expert_skew is not None:  # one skew for every setting: it must change one
+            check_scenario(replayer.graph, base)
+            check_expert_skew_changes(replayer.graph, base)
         if placed is not None:  # every setting on it (checked to change a priced edge)
             base = placed_scenario(replayer, base, placed)
             check_scenario(replayer.graph, base)  # a placement that changes nothing
@@ -121,7 +138,8 @@ def sweep_command(store: Path, job: str | None, source_gpu: str | None,
                      include_incomplete=include_incomplete,
                      gpu_clocks=clocks if on_axis(clocks) else None,
                      power_caps=caps if on_axis(caps) else None,
-                     cpu_speedups=cpus if on_axis(cpus) else None)
+                     cpu_speedups=cpus if on_axis(cpus) else None,
+                     expert_skews=skews if on_axis(skews) else None)
         warn_collectives(con, job)  # after the what-ifs were checked: a bad one is one line
         read, notes = replayer.selection(), replayer.graph.notes
         con.close()
@@ -131,7 +149,8 @@ def sweep_command(store: Path, job: str | None, source_gpu: str | None,
         axis = " x ".join([a.split("=")[0] for a in axes] + (["gpu"] if gpu_list else [])
                           + (["dp_scale"] if scales else []) + [
                               k for k, v in (("gpu_clock", clocks), ("power_cap", caps),
-                                             ("cpu_speedup", cpus)) if on_axis(v)])
+                                             ("cpu_speedup", cpus),
+                                             ("expert_skew", skews)) if on_axis(v)])
         plot_sweep(rows, axis, png)
     except (click.ClickException, duckdb.Error, OSError, ValueError) as err:
         fail_for(store, err)
