@@ -8,7 +8,8 @@ import sys
 from pathlib import Path
 
 from tracetool import __version__
-from tracetool.schema import TABLES, render_markdown
+from tracetool.analysis import schema_doc
+from tracetool.schema import TABLES
 from tracetool.store_views import STORE_FORMAT
 
 from ._util import REPO, SAMPLES, con
@@ -66,7 +67,7 @@ def test_bad_input_subprocess_has_no_traceback(tmp_path: Path) -> None:
 
 def test_schema_doc_is_generated_from_the_schema_module() -> None:
     doc = (REPO / "docs" / "schema.md").read_text()
-    assert doc == render_markdown(), "run: python -m tracetool.schema > docs/schema.md"
+    assert doc == schema_doc.render(), f"run: {schema_doc.COMMAND}"
     for t in TABLES:
         assert f"## {t.name}" in doc
         for c in t.columns:

@@ -17,7 +17,8 @@ Conventions, as in Perfetto's SQL library: times are int64 nanoseconds since the
 job and rank, stable across re-ingests), and ``args`` is the event's ``args`` object exactly as
 written in the file (JSON text; query it with DuckDB's ``->>`` operators).
 
-``docs/schema.md`` is generated from this module (``python -m tracetool.schema``).
+``docs/schema.md``: its tables part is generated from this module, its views from the views' SQL
+(``python -m tracetool.analysis.schema_doc``).
 """
 
 from __future__ import annotations
