@@ -17,6 +17,8 @@ from ._util import SHARED_TRACES, run
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 DLRM = SHARED_TRACES / "facebookresearch__param/et_replay/tests/inputs/dlrm_kineto/dlrm_kineto"
+BERT = (SHARED_TRACES / "AMD-AGI__TraceLens/tests/traces/h100/"
+        "gaunernst_bert-small-uncased__1016001.json.gz")
 pytestmark = [
     pytest.mark.skipif(CHROMIUM is None, reason="Chromium not found: apt-get install chromium "
                        "(scripts/test.sh installs it when run as root)"),
@@ -49,14 +51,11 @@ def report(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp / "report"
 
 
-def test_report_renders_with_every_image_and_no_console_message(report: Path) -> None:
-    page = report / "report.html"
-    html = page.read_text()
-    assert "<script" not in html and "http" not in html.split("<body>")[0]  # self-contained
-    srcs = re.findall(r'<img src="([^"]+)"', html)
-    assert "step_timeline.png" in srcs and "critical_path.png" in srcs and len(srcs) >= 6
-    assert "roofline.png" in srcs  # DLRM records shapes: its ops against the A100's roofline
+def probe_images(report: Path, srcs: list[str]) -> None:
+    """Every image of report.html is a file, and Chromium loads each of them, with no
+    horizontal scrolling on a laptop's screen."""
     assert all((report / s).is_file() for s in srcs)
+    html = (report / "report.html").read_text()
     probe = report / "probe.html"  # a copy with the probe, beside the same images
     probe.write_text(html.replace("</body>", PROBE + "</body>"))
     r = chromium("--dump-dom", probe.as_uri())
@@ -65,6 +64,28 @@ def test_report_renders_with_every_image_and_no_console_message(report: Path) ->
     seen = json.loads(title.group(1).replace("&quot;", '"'))
     assert seen["images"] == len(srcs) and seen["broken"] == []
     assert seen["width"] <= seen["viewport"]  # no horizontal scrolling on a laptop screen
+
+
+def test_memory_section_renders(tmp_path: Path) -> None:
+    """A trace with allocator events (bert-small on an H100): the memory chart and its table
+    are in the page, and the page renders with every image."""
+    assert run("ingest", BERT, "--store", tmp_path / "s", "--job", "bert")[0] == 0
+    code, _, err = run("report", tmp_path / "s", "--out", tmp_path / "r")
+    assert code == 0, err
+    html = (tmp_path / "r" / "report.html").read_text()
+    srcs = re.findall(r'<img src="([^"]+)"', html)
+    assert "memory.png" in srcs and "Memory (allocator events)" in html
+    probe_images(tmp_path / "r", srcs)
+
+
+def test_report_renders_with_every_image_and_no_console_message(report: Path) -> None:
+    page = report / "report.html"
+    html = page.read_text()
+    assert "<script" not in html and "http" not in html.split("<body>")[0]  # self-contained
+    srcs = re.findall(r'<img src="([^"]+)"', html)
+    assert "step_timeline.png" in srcs and "critical_path.png" in srcs and len(srcs) >= 6
+    assert "roofline.png" in srcs  # DLRM records shapes: its ops against the A100's roofline
+    probe_images(report, srcs)
     r = chromium("--enable-logging=stderr", "--v=0", "--dump-dom", page.as_uri())
     assert [ln for ln in r.stderr.splitlines() if ":CONSOLE" in ln] == []
     shot = report / "screenshot.png"
