@@ -104,6 +104,7 @@ def summarize(con: duckdb.DuckDBPyConnection, job: str, include_incomplete: bool
         "top": charted["top"],
         "collectives": charted["collectives"],
         "memory_peaks": memory_peaks(con, job, include_incomplete),
+        "cupti_counters": cupti_totals(con, job),
         # a job of one rank of many, then how well collectives matched
         "warnings": [w for w in [job_missing_ranks_note(con, job)] if w]
         + collective_warnings(con, job),
@@ -149,6 +150,22 @@ def memory_peaks(con: duckdb.DuckDBPyConnection, job: str, all_steps: bool = Fal
                bool_or(relative) AS relative
         FROM p GROUP BY ALL ORDER BY rank, device_type, device""",
                 {"job": job, "all": all_steps})
+
+
+def cupti_totals(con: duckdb.DuckDBPyConnection, job: str) -> list[dict[str, Any]]:
+    """Per CUPTI range-profiler metric (cupti_counters; empty for a trace without them): its
+    total over the profiled kernels, how many, and the CPU op whose kernels add most to it."""
+    return rows(con, """
+        WITH by_op AS (
+            SELECT metric, top_op_name, sum(value) AS v FROM cupti_counters
+            WHERE job = $job GROUP BY ALL)
+        SELECT c.metric, count(DISTINCT c.rank || ':' || c.eid) AS kernels,
+               sum(c.value) AS total,
+               (SELECT arg_max(top_op_name, v) FROM by_op b WHERE b.metric = c.metric)
+                   AS top_op_name,
+               (SELECT max(v) FROM by_op b WHERE b.metric = c.metric) AS top_op_total
+        FROM cupti_counters c WHERE c.job = $job GROUP BY c.metric ORDER BY c.metric""",
+                {"job": job})
 
 
 def memory_series(con: duckdb.DuckDBPyConnection, job: str, peaks: list[dict[str, Any]]
@@ -660,6 +677,8 @@ def _sections(s: dict[str, Any], charts: dict[str, str], store: Path | str | Non
 
     if s.get("memory_peaks"):
         out.append(_memory_section(s["memory_peaks"], charts))
+    if s.get("cupti_counters"):
+        out.append(_cupti_section(s["cupti_counters"]))
 
     cp = s["critical_path"]
     st = s.get("step_timeline")
@@ -706,6 +725,18 @@ def _memory_section(peaks: list[dict[str, Any]], charts: dict[str, str]) -> Sect
          _mb_of(r["peak_allocated_bytes"]), _mb_of(r["peak_reserved_bytes"]),
          _mb_of(r["live_at_peak_bytes"]), _short(r["peak_top_op_name"] or "")]
         for r in peaks]))
+    return sec
+
+
+def _cupti_section(totals: list[dict[str, Any]]) -> Section:
+    sec = Section("Hardware counters (CUPTI range profiler)")
+    sec.lines.append("Each metric summed over the profiled kernels (view cupti_counters), and "
+                     "the CPU op whose kernels add most to it (ranges paired with kernel "
+                     "launches in order, as HTA does).")
+    sec.tables.append((["metric", "kernels", "total", "most from", "its share"], [
+        [r["metric"], str(r["kernels"]), f"{r['total']:,.0f}" if r["total"] is not None else "",
+         _short(r["top_op_name"] or "") if r["top_op_total"] else "",
+         _pct(r["top_op_total"] / r["total"] if r["total"] else None)] for r in totals]))
     return sec
 
 

@@ -28,6 +28,7 @@ SHEETS = {
     ("collectives", "by_rank"): "collectives by rank",
     ("critical_path", "by_kind"): "critical path by kind",
     ("memory_peaks",): "memory peaks",
+    ("cupti_counters",): "cupti counters",
     ("op_efficiency", "rows"): "op efficiency",
 }
 # a key's unit suffix -> (unit for the header, divisor: ns / 1e6 = ms)

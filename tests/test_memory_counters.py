@@ -207,3 +207,28 @@ def peaks_by_device(path: Path) -> dict[tuple, tuple[int, int]]:
         if device(e) not in out or v > out[device(e)][0]:
             out[device(e)] = (v, i)
     return out
+
+
+def test_report_sums_each_cupti_metric(store: Path, tmp_path: Path) -> None:
+    code, stdout, err = run("report", store, "--job", "cupti", "--out", tmp_path / "r", "--json")
+    assert code == 0, err
+    evs = raw(CUPTI)
+    ranges = sorted(((i, e) for i, e in enumerate(evs) if e.get("cat") == "cuda_profiler_range"),
+                    key=lambda p: (float(p[1]["ts"]), p[0]))
+    launches = sorted(((i, e) for i, e in enumerate(evs) if e.get("cat") == "cuda_runtime"
+                       and "LaunchKernel" in e["name"]), key=lambda p: (float(p[1]["ts"]), p[0]))
+    total: dict[str, float] = defaultdict(float)
+    by_op: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+    for (_, r), (li, _) in zip(ranges, launches, strict=True):
+        top = enclosing_ops(CUPTI, li)[1]
+        for k, v in r["args"].items():
+            total[k] += v
+            by_op[k][top] += v
+    got = {r["metric"]: r for r in json.loads(stdout)["cupti_counters"]}
+    assert {k: r["total"] for k, r in got.items()} == total
+    for k, ops in by_op.items():
+        if total[k]:
+            assert (got[k]["top_op_name"], got[k]["top_op_total"]) == max(
+                ops.items(), key=lambda p: p[1])
+    assert "## Hardware counters (CUPTI range profiler)" in (tmp_path / "r" / "report.md"
+                                                           ).read_text()
