@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 import tracetool
-from tests._util import REPO, run
+from tests._util import REPO, kineto_text, run, write, x
 from tests.conftest import run_ingest
 from tracetool.analysis.report import links_section, text_table
 from tracetool.cli.report import collective_links
@@ -183,3 +183,16 @@ def test_the_measured_listing_is_the_identity_runs_without_simulating(store: Pat
         assert measured == collective_listing(rp, None, rp.run(None, critical_path=False))
     (row,) = measured
     assert row["instances"] == 8  # 4 a step , 2 steps
+
+
+def test_a_job_without_collectives_has_no_section_and_refuses_a_source_network(
+        tmp_path: Path) -> None:
+    trace = write(tmp_path / "rank0.json", kineto_text([
+        x("ProfilerStep#1", 0, 100, cat="user_annotation"), x("aten::mm", 10, 50)]))
+    store = tmp_path / "store"
+    assert run_ingest([trace], store, "--job", "solo").exit_code == 0
+    with tracetool.connect(store) as c:
+        assert collective_links(c, store, "solo", None, None, None, False) is None
+    code, _, err = run("report", store, "--out", tmp_path / "r", "--source-network", SRC)
+    assert (code, err) == (2, "tracetool: error: --source-network: job solo has no collective "
+                              "whose links it would place: it changes nothing\n")

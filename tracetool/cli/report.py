@@ -35,6 +35,11 @@ from tracetool.replay.network import parse_spec
 from tracetool.replay.placement import Placement
 
 
+def has_collectives(con: duckdb.DuckDBPyConnection, job: str) -> bool:
+    return bool(con.execute("SELECT EXISTS (SELECT 1 FROM collective_ranks WHERE job = ?)",
+                            [job]).fetchone()[0])
+
+
 def collective_links(con: duckdb.DuckDBPyConnection, store: Path | str, job: str,
                      source_network: str | None, network: str | None,
                      placed: Placement | None, include_incomplete: bool) -> dict[str, Any] | None:
@@ -46,8 +51,7 @@ def collective_links(con: duckdb.DuckDBPyConnection, store: Path | str, job: str
     from tracetool.replay.run import Replayer, collective_listing
 
     whatif = network is not None or placed is not None
-    if not whatif and not con.execute(
-            "SELECT EXISTS (SELECT 1 FROM collective_ranks WHERE job = ?)", [job]).fetchone()[0]:
+    if not whatif and not has_collectives(con, job):
         return None
     if not include_incomplete and (left_out := no_complete_steps(con, job)):
         if whatif:
@@ -137,6 +141,9 @@ def report_command(store: Path | str, out: Path, job: str | None, as_json: bool,
                 links = collective_links(con, store, job, source_network, network, placed,
                                          include_incomplete)
                 get_links = lambda: links  # noqa: E731
+            elif source_network is not None and not has_collectives(con, job):
+                raise InputError(f"--source-network: job {job} has no collective whose "
+                                 "links it would place: it changes nothing")
             else:  # as measured: replayed on a thread while the report's queries run
                 get_links = pool.submit(measured_links, con, store, job, source_network,
                                         include_incomplete).result
