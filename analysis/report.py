@@ -457,10 +457,15 @@ class Report:
 
 def make_report(con: duckdb.DuckDBPyConnection, job: str, out_dir: Path | str,
                 store: Path | str | None = None, include_incomplete: bool = False,
-                windows: str | None = None) -> Report:
+                windows: str | None = None,
+                collective_links: Callable[[], dict[str, Any] | None] | None = None
+                ) -> Report:
     """Summarise ``job``, draw its charts and write ``report.md`` and ``report.html`` into
     ``out_dir`` (created). Charts left there by an earlier report are removed first, so the
-    directory never shows a chart this report did not draw."""
+    directory never shows a chart this report did not draw. ``collective_links``: called
+    once the rest is known, it gives the collectives by link (``links_summary``'s dict, or
+    None for none); the CLI computes it with replay's listing, which this layer cannot
+    import, on a thread meanwhile."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     for name in CHART_FILES:
@@ -496,6 +501,7 @@ def make_report(con: duckdb.DuckDBPyConnection, job: str, out_dir: Path | str,
         if summary["op_efficiency"] and summary["op_efficiency"]["points"]:
             charts["roofline"] = "roofline.png"
             drawer.draw(draw_roofline, job, summary["op_efficiency"], out / charts["roofline"])
+        summary["collective_links"] = collective_links() if collective_links else None
         drawer.wait()
     sections = _sections(summary, charts, store)
     title = f"tracetool report: job {job}"
@@ -674,6 +680,8 @@ def _sections(s: dict[str, Any], charts: dict[str, str], store: Path | str | Non
     else:
         coll.lines.append("No collective calls recorded.")
     out.append(coll)
+    if links := s.get("collective_links"):
+        out.append(links_section(links))
 
     if s.get("memory_peaks"):
         out.append(_memory_section(s["memory_peaks"], charts))
@@ -867,29 +875,54 @@ def to_json(summary: dict[str, Any]) -> str:
     return json.dumps(summary, default=str)
 
 
-def collective_links_section(rows: list[dict[str, Any]], where: str, top: int = TOP
-                             ) -> Section:
+def links_summary(rows: list[dict[str, Any]] | None, where: str, projected: bool = False,
+                  network: str | None = None, reason: str | None = None) -> dict[str, Any]:
+    """The report's ``collective_links``: replay's listing ``rows`` (its JSON's
+    ``collectives``) on the placement ``where`` names, as measured or ``projected`` (under
+    --network ``network`` and/or a --placement), or why there is none (``reason``, rows
+    None)."""
+    return {"available": rows is not None, "reason": reason, "where": where,
+            "projected": projected, "network": network, "rows": rows}
+
+
+def links_section(links: dict[str, Any]) -> Section:
+    """The report's section of ``links_summary``'s dict."""
+    if not links["available"]:
+        return Section("Collectives by link", [f"Unavailable: {links['reason']}."])
+    how = (f"projected onto network {links['network']}" if links["network"] else "projected"
+           ) if links["projected"] else "as measured"
+    return collective_links_section(links["rows"], f"{how}, {links['where']}",
+                                    projected=links["projected"])
+
+
+def collective_links_section(rows: list[dict[str, Any]], where: str, top: int = TOP,
+                             projected: bool = True) -> Section:
     """Which collectives cross which links and what each costs: the top ``top`` rows of
     replay's collective listing (``replay.run.collective_listing``, per kind and group,
     summed over the steps; passed in: the analysis layer does not replay), ``where`` naming
-    the placement and scenario."""
+    the placement and scenario; the projected columns only with ``projected`` (a what-if:
+    without one they repeat the measured ones)."""
     sec = Section("Collectives by link", [
         f"Per kind and group, summed over the steps ({where}): the links the group crosses "
         "(intra-node, inter-node, dc = across datacenters), its bytes, its transfer (last "
         "arrival to end) and its exposed part (not overlapped by compute, as in the "
-        "breakdown), measured and projected; largest projected exposed first."])
+        "breakdown), " + ("measured and projected; largest projected exposed first."
+                          if projected else "largest first.")])
     if not rows:
         sec.lines.append("No collective in the steps.")
         return sec
-    sec.tables.append((["kind", "group", "links", "n", "MB", "transfer ms", "projected ms",
-                        "exposed ms", "projected exposed ms"], [
-        [r["kind"], number_ranges(r["group"]), "+".join(r["links"] or ["?"]),
-         str(r["instances"]), f"{r['bytes'] / 1e6:.3f}" if r["sized"] else "?",
-         _ms(r["measured_transfer_ns"]), _ms(r["projected_transfer_ns"]),
-         _ms(r["measured_exposed_ns"]), _ms(r["projected_exposed_ns"])]
-        for r in rows[:top]]))
+    cols = [("kind", lambda r: r["kind"]), ("group", lambda r: number_ranges(r["group"])),
+            ("links", lambda r: "+".join(r["links"] or ["?"])),
+            ("n", lambda r: str(r["instances"])),
+            ("MB", lambda r: f"{r['bytes'] / 1e6:.3f}" if r["sized"] else "?"),
+            ("transfer ms", lambda r: _ms(r["measured_transfer_ns"])),
+            ("projected ms", lambda r: _ms(r["projected_transfer_ns"])),
+            ("exposed ms", lambda r: _ms(r["measured_exposed_ns"])),
+            ("projected exposed ms", lambda r: _ms(r["projected_exposed_ns"]))]
+    if not projected:
+        cols = [c for c in cols if not c[0].startswith("projected")]
+    sec.tables.append(([h for h, _ in cols], [[cell(r) for _, cell in cols]
+                                              for r in rows[:top]]))
     if len(rows) > top:
         sec.lines.append(f"{len(rows) - top} more in the JSON.")
     return sec
-
-

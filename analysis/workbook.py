@@ -29,6 +29,7 @@ SHEETS = {
     ("critical_path", "by_kind"): "critical path by kind",
     ("memory_peaks",): "memory peaks",
     ("cupti_counters",): "cupti counters",
+    ("collective_links", "rows"): "collectives by link",
     ("op_efficiency", "rows"): "op efficiency",
 }
 # a key's unit suffix -> (unit for the header, divisor: ns / 1e6 = ms)

@@ -35,7 +35,8 @@ from tracetool.numbers import round_ns
 
 from .band import bounds, clock_band, describe, edge_errors, step_variation, widen
 from .graph import NO_STEP, Bounds, ReplayGraph, build_graph
-from .model import Scenario, weights
+from .model import Scenario, source_network, target_network, weights
+from .network import Network
 
 _UNEXPLAINED = SEGMENT_KINDS.index("unexplained_gap")
 # step_breakdown's partition of a rank's step (its columns without _ns): these add up to it
@@ -176,11 +177,8 @@ class Replayer:
         low, high = widen(lowest, spans.max(axis=0), step_variation(
             np.where(g.step_complete & g.step_reported, m.job_end - m.job_start, np.nan)))
         steps = []
-        for i, s in enumerate(g.steps):
-            if not (g.step_complete[i] or include_incomplete) or not g.step_reported[i]:
-                continue
-            if not np.isfinite(m.job_start[i]) or not np.isfinite(m.job_end[i]):
-                continue
+        for i in self.reported(include_incomplete):
+            s = g.steps[i]
             mb = measured_bd.get(i, {}) if breakdown else {}
             pb = projected_bd.get(i, {}) if breakdown else {}
             meas = int(round(m.job_end[i] - m.job_start[i]))
@@ -199,6 +197,14 @@ class Replayer:
                             + self._gap_note(segments, steps),
                             path_arrays=segments,
                             bounds=self.selection())
+
+    def reported(self, include_incomplete: bool = False) -> list[int]:
+        """Indices into ``graph.steps`` of the steps a run reports: the complete ones (all
+        with ``include_incomplete``) of those asked for, with a measured window."""
+        g, m = self.graph, self.measured
+        return [i for i in range(len(g.steps))
+                if (g.step_complete[i] or include_incomplete) and g.step_reported[i]
+                and np.isfinite(m.job_start[i]) and np.isfinite(m.job_end[i])]
 
     def selection(self) -> dict:
         """What the replay read, for the JSON: the step range and ranks asked (None: all),
@@ -502,9 +508,21 @@ def unchanged_note(steps: list[StepResult], changed: bool) -> list[str]:
             "a host-bound step"]
 
 
-def collective_listing(replayer: Replayer, scenario: Scenario | None, result: ReplayResult
+def listing_network(graph: ReplayGraph, scenario: Scenario) -> Network | None:
+    """The network whose placement ``collective_listing`` reads the links from: the
+    target's when ``scenario`` changes the network, else the source's (None: unknown, a CPU
+    job without --source-network)."""
+    return (target_network(graph, scenario) if scenario.changes_network
+            else source_network(graph, scenario))
+
+
+def collective_listing(replayer: Replayer, scenario: Scenario | None,
+                       result: ReplayResult | None, include_incomplete: bool = False
                        ) -> list[dict]:
-    """Per (kind, group) of the collectives in ``result``'s reported steps, summed over
+    """Per (kind, group) of the collectives in ``result``'s reported steps (``result`` None:
+    as measured, projected = measured, on the steps ``Replayer.reported(include_incomplete)``
+    gives, with no simulation: what an identity run's listing is; ``scenario`` then only
+    names the network the links are read on), summed over
     their instances: bytes (each instance's recorded size, nccl-tests' S), the link classes
     the group crosses on the target network's placement (``network.link_classes``; the
     source's when the scenario changes no network), measured and projected transfer (the
@@ -515,21 +533,26 @@ def collective_listing(replayer: Replayer, scenario: Scenario | None, result: Re
     counts as comm the waits for a CPU-side transfer the projection added (gloo), which
     belong to no one collective's span."""
     from .graph import COMM_DURATION
-    from .model import collective_factors, source_network, target_network
+    from .model import collective_factors
     from .network import link_classes
 
     scenario = scenario or Scenario()
     g = replayer.graph
     insts = g.insts
     n = len(insts["transfer_ns"])
-    k = collective_factors(g, scenario)[0]
-    net = (target_network(g, scenario) if scenario.changes_network
-           else source_network(g, scenario))
-    reported = {s.step for s in result.steps}
+    k = collective_factors(g, scenario)[0] if result is not None else np.ones(n)
+    net = listing_network(g, scenario)
+    if result is None:
+        reported = {None if g.steps[i] == NO_STEP else int(g.steps[i])
+                    for i in replayer.reported(include_incomplete)}
+    else:
+        reported = {s.step for s in result.steps}
     keep = (np.isin(insts["step"], [s for s in reported if s is not None])
             if None not in reported else np.ones(n, dtype=bool))
-    exposed = {"measured": _exposed(replayer, g.t0, n, COMM_DURATION),
-               "projected": _exposed(replayer, result.times, n, COMM_DURATION)}
+    measured = _exposed(replayer, g.t0, n, COMM_DURATION)
+    exposed = {"measured": measured,
+               "projected": measured if result is None else _exposed(
+                   replayer, result.times, n, COMM_DURATION)}
     out: dict[tuple, dict] = {}
     for i in np.flatnonzero(keep).tolist():
         group = tuple(int(r) for r in insts["group_ranks"][i])

@@ -77,6 +77,14 @@ PLACEMENT_HELP = ("Place the ranks for the projection: a CSV file with the heade
                   "in one datacenter. Instead of --network's gpus_per_node / ranks_per_dc "
                   "(contiguous blocks).")
 
+SOURCE_NETWORK_HELP = ("Network the trace ran on: key=value,... or a TOML file, values as for "
+                       "replay --network (default: the source GPU's usual cluster; required "
+                       "for CPU traces).")
+NETWORK_HELP = ("Project onto this network: key=value,... (gpus_per_node, intra_node_bw, "
+                "inter_node_bw, ..._latency, ranks_per_dc, dc_bw, dc_latency; units like "
+                "400Gbit/s, 5us) or a TOML file. Bandwidths 1Mbit/s to 1Pbit/s or inf, "
+                f"latencies 0 to 10s, counts 1 to {MAX_WORLD}; each key once.")
+
 
 def placement_of(path: str | None, keys: list[str]) -> Placement | None:
     """--placement's file, read and checked once before the store is opened (InputError),
@@ -95,9 +103,7 @@ def scenario_options(fn: Callable) -> Callable:
         click.option("--job", help="Job (needed when the store holds several)."),
         click.option("--source-gpu", help=f"GPU the trace ran on: {GPU_HELP} (default: "
                                           "deviceProperties)."),
-        click.option("--source-network", help="Network the trace ran on: key=value,... or a "
-                     "TOML file, values as for replay --network (default: the source GPU's "
-                     "usual cluster; required for CPU traces)."),
+        click.option("--source-network", help=SOURCE_NETWORK_HELP),
         click.option("--speedup", "speedups", multiple=True,
                      help="Divide matching GPU op times: CATEGORY=F (one of "
                           f"{', '.join(CATEGORIES)}; case-insensitive) or name~REGEX=F, "
@@ -250,6 +256,33 @@ def placed_scenario(replayer: Replayer, sc: Scenario, placed: Placement) -> Scen
     return replace(sc, network=base)
 
 
+def network_scenario(replayer: Replayer, sc: Scenario, network: str | None,
+                     placed: Placement | None) -> Scenario:
+    """``sc`` with --network (its keys over the source network's, the ranks placed by
+    ``placed`` when given) or, without one, the source network with the ranks placed by
+    ``placed``; ``sc`` itself with neither."""
+    if network is not None:
+        base = replace(model.source_network(replayer.graph, sc) or Network(), placement=placed)
+        return replace(sc, network=parse_network(_spec(network), base=base))
+    return placed_scenario(replayer, sc, placed) if placed is not None else sc
+
+
+def network_label(network: str | None, placement: str | None) -> list[str]:
+    """The scenario label's parts for --network and --placement."""
+    return ([f"network={network}"] if network is not None else []) + (
+        [f"placement={placement}"] if placement is not None else [])
+
+
+def listing_where(replayer: Replayer, sc: Scenario) -> str:
+    """What the collective listing's links are read on: the placement (its file, or the
+    gpus_per_node / ranks_per_dc shorthand), or that the network is unknown."""
+    from tracetool.replay.run import listing_network
+
+    net = listing_network(replayer.graph, sc)
+    return (f"placement {net.layout.source}" if net is not None
+            else "network unknown: give --source-network")
+
+
 @click.command("replay")
 @click.argument("store", type=store_arg(file_okay=False))
 @scenario_options
@@ -257,11 +290,7 @@ def placed_scenario(replayer: Replayer, sc: Scenario, placed: Placement) -> Scen
 @click.option("--step", type=Int(0, MAX_STEP), help="One ProfilerStep (default: every "
               "complete step); as --steps N:N.")
 @click.option("--gpu", help=f"Project onto this GPU: {GPU_HELP}.")
-@click.option("--network", help="Project onto this network: key=value,... (gpus_per_node, "
-                                "intra_node_bw, inter_node_bw, ..._latency, ranks_per_dc, "
-                                "dc_bw, dc_latency; units like 400Gbit/s, 5us) or a TOML file. "
-                                "Bandwidths 1Mbit/s to 1Pbit/s or inf, latencies 0 to 10s, "
-                                f"counts 1 to {MAX_WORLD}; each key once.")
+@click.option("--network", help=NETWORK_HELP)
 @click.option("--placement", type=click.Path(dir_okay=False), help=PLACEMENT_HELP)
 @click.option("--dp-scale", type=Int(1, MAX_WORLD), default=1, show_default=True,
               help="Data-parallel groups K times larger (comm re-costed, compute unchanged); "
@@ -379,15 +408,8 @@ def replay_command(store: Path, job: str | None, source_gpu: str | None,
             label.append(f"gpu_clock={sc.gpu_clock_mhz:g}MHz")
         if sc.power_cap is not None:
             label.append(f"power_cap={sc.power_cap}")
-        if network is not None:
-            base = replace(model.source_network(replayer.graph, sc) or Network(),
-                           placement=placed)
-            sc = replace(sc, network=parse_network(_spec(network), base=base))
-            label.append(f"network={network}")
-        elif placed is not None:
-            sc = placed_scenario(replayer, sc, placed)
-        if placed is not None:
-            label.append(f"placement={placement}")
+        sc = network_scenario(replayer, sc, network, placed)
+        label += network_label(network, placement)
         if dp_scale != 1:
             sc = replace(sc, dp_scale=dp_scale)
             label.append(f"dp_scale={dp_scale}")
@@ -462,9 +484,7 @@ def replay_command(store: Path, job: str | None, source_gpu: str | None,
                    f"{power.gpu} at {power.mhz:.0f} MHz, {power.watts:.0f} W each at full "
                    "load (replay/clocks.py)")
     if listing:
-        net = model.target_network(replayer.graph, sc) if sc.changes_network else \
-            model.source_network(replayer.graph, sc)
-        where = f"placement {net.layout.source}" if net is not None else "network unknown"
+        where = listing_where(replayer, sc)
         sec = collective_links_section(listing, where, top=5)
         click.echo(f"collectives by link ({where}; top {min(5, len(listing))} of "
                    f"{len(listing)} by projected exposed, summed over the steps):")
