@@ -6,6 +6,7 @@ bubble and every step is known exactly)."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -22,11 +23,13 @@ F_US, B_US, PRE_US, POST_US, AR_US = 1000, 2000, 500, 500, 10
 SHAPE = {"Input Dims": [[64, 1024]], "Input type": ["float"]}
 
 
-def lay_out(orders: list[str], steps: int = 2, t_us: float = 0) -> tuple[dict, dict]:
+def lay_out(orders: list[str], steps: int = 2, t_us: float = 0,
+            link_us: Callable[[int, int], float] | None = None) -> tuple[dict, dict]:
     """Each rank's events, and per (step, stage) its bubble in ns, of a pipeline whose
     stages run ``orders``: between two chunks a stage posts the sends of the chunk it ended
     and the receive of its next one at once and waits for all (Megatron's batched p2p,
-    like the rig's job); a message completes at max(send post, receive post) + t_us. After
+    like the rig's job); a message completes at max(send post, receive post) + t_us (or
+    ``link_us(rank, peer rank)``: each link its own transfer time). After
     its chunks: the optimizer, then a loss allreduce over every rank that ends the step."""
     n = len(orders)
     events: dict[int, list[dict]] = {r: [] for r in STAGE_RANKS}
@@ -71,7 +74,8 @@ def lay_out(orders: list[str], steps: int = 2, t_us: float = 0) -> tuple[dict, d
                         break
                     done = t[s]
                     for send, key, peer in what:
-                        end = max(t[s], posts[(key, not send)]) + t_us
+                        end = max(t[s], posts[(key, not send)]) + (
+                            t_us if link_us is None else link_us(rank, STAGE_RANKS[peer]))
                         done = max(done, end)
                         name = "send" if send else "recv_"
                         ci = ["", "", str(STAGE_RANKS[peer]), "0"]
@@ -264,10 +268,10 @@ def test_transfers_priced_by_the_network(store: tuple[Path, dict]) -> None:
      "another", 2),
     (["--microbatches", "2", "--steps", "1:2"], "tracetool: error: a pipeline what-if "
      "(--microbatches, --pipeline-schedule) takes no --chrome-trace, --plot, --steps, "
-     "--step, --ranks, --annotation, --window, --placement or --cpu-speedup", 2),
+     "--step, --ranks, --annotation, --window or --cpu-speedup", 2),
     (["--microbatches", "2", "--cpu-speedup", "2"], "tracetool: error: a pipeline what-if "
      "(--microbatches, --pipeline-schedule) takes no --chrome-trace, --plot, --steps, "
-     "--step, --ranks, --annotation, --window, --placement or --cpu-speedup", 2),
+     "--step, --ranks, --annotation, --window or --cpu-speedup", 2),
 ])
 def test_whatif_errors(store: tuple[Path, dict], args: list[str], message: str,
                        code: int) -> None:
