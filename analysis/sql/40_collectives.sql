@@ -162,7 +162,7 @@ peers AS MATERIALIZED (  -- send/recv calls whose peer is a traced rank of the j
                      AND NOT coalesce(s.group_ranks_truncated, FALSE)
                 THEN s.group_ranks[s.peer_rank + 1] ELSE s.peer_rank END AS peer
     FROM src s
-    WHERE collective_kind(s.collective) IN ('send', 'recv') AND s.peer_rank IS NOT NULL),
+    WHERE s.peer_rank IS NOT NULL AND collective_kind(s.collective) IN ('send', 'recv')),
 pp AS MATERIALIZED (
     SELECT p.*, CASE p2p_kind WHEN 'send' THEN p.rank ELSE p.peer END AS src_rank,
            CASE p2p_kind WHEN 'send' THEN p.peer ELSE p.rank END AS dst_rank,
@@ -186,6 +186,8 @@ pair_steps AS (  -- steps in which both ends made as many calls
     GROUP BY ALL HAVING count(DISTINCT p2p_kind) = 2 AND count(DISTINCT ns) = 1),
 paired AS MATERIALIZED (
     SELECT p.job, p.rank, p.pg_key, p.call_index,
+           row_number() OVER (PARTITION BY p.job, p.rank, p.pg_key ORDER BY p.call_index)
+               AS n_before,  -- paired calls of the rank and group up to this one
            CASE WHEN r.by_step AND s.step IS NOT NULL
                 THEN 'p2p:' || p.pg_key || ':' || p.src_rank || '>' || p.dst_rank
                      || ':step:' || p.step || ':' || p.ks
@@ -196,17 +198,18 @@ paired AS MATERIALIZED (
     LEFT JOIN pair_steps s USING (job, pg_key, src_rank, dst_rank, step)),
 c0 AS MATERIALIZED (  -- every call but the paired ones, narrowed to what matching needs;
                       -- call_index renumbered without them (the same where there are none)
-    SELECT job, rank, coalesce(pg_name, '?') AS pg_key,
-           row_number() OVER (PARTITION BY job, rank, coalesce(pg_name, '?')
-                              ORDER BY call_index) - 1 AS call_index,
-           call_index AS raw_index, seq, end_ns, step,
-           kernel_stream, lower(dtype) AS dtype, in_bytes,
-           CASE collective_kind(collective) WHEN 'send' THEN 'p2p' WHEN 'recv' THEN 'p2p'
-                WHEN 'other' THEN lower(collective) ELSE collective_kind(collective) END AS kind
-    FROM src
-    ANTI JOIN paired x ON x.job = src.job AND x.rank = src.rank
-                      AND x.pg_key = coalesce(src.pg_name, '?')
-                      AND x.call_index = src.call_index),
+    SELECT s.job, s.rank, coalesce(s.pg_name, '?') AS pg_key,
+           s.call_index - coalesce(x.n_before, 0) AS call_index,
+           s.call_index AS raw_index, s.seq, s.end_ns, s.step,
+           s.kernel_stream, lower(s.dtype) AS dtype, s.in_bytes,
+           CASE collective_kind(s.collective) WHEN 'send' THEN 'p2p' WHEN 'recv' THEN 'p2p'
+                WHEN 'other' THEN lower(s.collective) ELSE collective_kind(s.collective) END
+               AS kind
+    FROM src s
+    ASOF LEFT JOIN paired x ON x.job = s.job AND x.rank = s.rank
+                           AND x.pg_key = coalesce(s.pg_name, '?')
+                           AND x.call_index <= s.call_index
+    WHERE x.call_index IS DISTINCT FROM s.call_index),  -- not itself paired
 streams AS (
     SELECT job, rank, pg_key, kernel_stream,
            row_number() OVER (PARTITION BY job, rank, pg_key ORDER BY kernel_stream) AS ord
