@@ -31,7 +31,7 @@ def collective_warnings(con: duckdb.DuckDBPyConnection, job: str) -> list[str]:
     if n_ranks < 2:
         return []
     cur = con.execute("""
-        SELECT pg_name, rank, ref_rank, match, n_calls, n_unmatched, shift, spread_ns,
+        SELECT pg_name, rank, ref_rank, match, n_calls, n_unmatched, n_paired, shift, spread_ns,
                margin * greatest(spread_ns, 1000) AS runner_up_spread_ns, ambiguous
         FROM collective_matching WHERE job = ? ORDER BY pg_name NULLS FIRST, rank""", [job])
     cols = [d[0] for d in cur.description]
@@ -119,7 +119,9 @@ def _group_warnings(label: str, ranks: list[dict[str, Any]]) -> list[str]:
             r["n_unmatched"] for r in ranks):
         return []
     out = []
-    counts = {r["rank"]: r["n_calls"] for r in ranks}
+    # paired send/recv calls are matched per ordered pair, not with the group's others:
+    # ranks of a pipeline make different numbers of them
+    counts = {r["rank"]: r["n_calls"] - r["n_paired"] for r in ranks}
     unmatched = sum(r["n_unmatched"] for r in ranks)
     if len(set(counts.values())) > 1:
         per_rank = _counts_text(counts)

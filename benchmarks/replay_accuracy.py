@@ -19,12 +19,25 @@ and out of sample, and the record tests/test_accuracy_record.py checks.
 2. Cross-GPU: benchmarks/gpu_accuracy.py (the three H100 / MI300X pairs, leave one pair
    out; it sizes the band's GPU terms and host_cpu, and its own hash of them is checked by
    tests/test_gpu_model.py).
+4. Pipeline (``pipeline``): the rig's 1F1B / 4-microbatch trace (pp1f1b4_1gbit) projected
+   onto the three other pipeline runs (8 microbatches, GPipe, stages 2 + 2 across +5 ms),
+   by the pipeline what-if (measured and priced transfers; the split through --placement)
+   and, for the split, by the replay graph's network what-if (each send/recv pair priced on
+   its link); and each run's annotated chunk time per microbatch (fwd_mb / bwd_mb), against
+   which the misses are read. Nothing is fitted on these: every row is out of sample.
 
 3. Expert-parallel skew (``expert_skew``): the rig's uniform and Zipf-skewed all-to-all jobs
    projected onto each other with ``--expert-skew`` and across their two link settings.
+4. Pipeline (``pipeline``): the rig's 1F1B / 4-microbatch trace (pp1f1b4_1gbit) projected
+   onto the three other pipeline runs (8 microbatches, GPipe, stages 2 + 2 across +5 ms),
+   by the pipeline what-if (measured and priced transfers; the split through --placement)
+   and, for the split, by the replay graph's network what-if (each send/recv pair priced on
+   its link); and each run's annotated chunk time per microbatch (fwd_mb / bwd_mb), against
+   which the misses are read. Nothing is fitted on these: every row is out of sample.
 
-    python benchmarks/replay_accuracy.py [--no-record]
+    python benchmarks/replay_accuracy.py [--no-record] [--pipeline-only]
     python benchmarks/replay_accuracy.py --expert-skew   # section 3 alone, not recorded
+    python benchmarks/replay_accuracy.py --pipeline-only # section 4 alone, not recorded
 """
 
 from __future__ import annotations
@@ -36,7 +49,7 @@ import json
 import sys
 import tempfile
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -485,6 +498,86 @@ def expert_skew(store: Path) -> dict:
             **{k: summary(v) for k, v in groups.items()}}
 
 
+PIPELINE_RUNS = ("pp1f1b4_1gbit", "pp1f1b8_1gbit", "ppgpipe4_1gbit", "pp1f1b4_1gbit_5ms_2dc")
+PIPELINE_SOURCE = "pp1f1b4_1gbit"
+
+
+def pipeline(store: Path) -> dict:
+    """Section 4 (module docstring): one row per what-if, and the chunk times per run."""
+    from tracetool.analysis.pipeline import find_pipeline
+    from tracetool.replay.pipeline import replay_pipeline
+    from tracetool.replay.placement import read_placement
+
+    settings = load_settings()
+    for n in PIPELINE_RUNS:
+        ingest([NETLAB / settings[n]["dir"]], Options(store=store, job=n))
+    con = tracetool.connect(store)
+    truth = {n: con.execute("SELECT avg(dur_ns) FROM job_steps WHERE job = ? AND complete",
+                            [n]).fetchone()[0] for n in PIPELINE_RUNS}
+    chunks = {n: dict(con.execute(
+        """SELECT split_part(e.name, '_', 1), sum(e.end_ns - e.ts_ns) / count(DISTINCT s.step)
+                  / any_value(m.mb)
+           FROM events e JOIN steps s ON s.job = e.job AND s.rank = e.rank
+            AND e.ts_ns >= s.start_ns AND e.ts_ns < s.end_ns
+           CROSS JOIN (SELECT ?::DOUBLE AS mb) m
+           WHERE e.job = ? AND regexp_full_match(e.name, '(fwd|bwd)_mb[0-9]+')
+           GROUP BY 1""", [settings[n]["pipeline"]["microbatches"], n]).fetchall())
+        for n in PIPELINE_RUNS}
+    src_spec = settings[PIPELINE_SOURCE]["network_spec"]
+    src_net = parse_network(src_spec)
+    split = settings["pp1f1b4_1gbit_5ms_2dc"]
+    dc = ",".join(kv for kv in split["network_spec"].split(",") if kv.startswith("dc_"))
+    with tempfile.TemporaryDirectory() as tmp:
+        half = split["dc_split"]
+        place = Path(tmp) / "split.csv"
+        place.write_text("rank,node,datacenter\n" + "".join(
+            f"{r},n{r},{'a' if r < half else 'b'}\n" for r in range(4)))
+        placed = replace(parse_network(dc, base=src_net), placement=read_placement(place))
+    p = find_pipeline(con, PIPELINE_SOURCE)
+    rows = []
+
+    def row(what: str, dst: str, res: object) -> None:
+        steps = res.steps  # type: ignore[attr-defined]
+        rows.append({"what": what, "dst": dst,
+                     "projected_ms": _mean(x.projected_ns for x in steps) / 1e6,
+                     "low_ms": _mean(x.low_ns for x in steps) / 1e6,
+                     "high_ms": _mean(x.high_ns for x in steps) / 1e6,
+                     "measured_ms": truth[dst] / 1e6})
+
+    for priced in (False, True):
+        how = "priced" if priced else "measured transfers"
+        net = src_net if priced else None
+        row(f"--microbatches 8 --keep-microbatch-size, {how}", "pp1f1b8_1gbit",
+            replay_pipeline(p, 8, None, net, None, keep_size=True))
+        row(f"--pipeline-schedule gpipe, {how}", "ppgpipe4_1gbit",
+            replay_pipeline(p, None, "gpipe", net, None))
+    row("--placement 2+2 --network " + dc + " --microbatches 4", "pp1f1b4_1gbit_5ms_2dc",
+        replay_pipeline(p, 4, None, src_net, placed))
+    r = Replayer.from_store(con, PIPELINE_SOURCE)
+    row("replay graph: --network ...,ranks_per_dc=2," + dc, "pp1f1b4_1gbit_5ms_2dc",
+        r.run(Scenario(source_network=src_net,
+                       network=parse_network(split["network_spec"])),
+              critical_path=False, breakdown=False))
+    print("pipeline (sample_traces/netlab pp*): the 1F1B / 4-microbatch trace projected onto "
+          "the other runs; mean projected step (band) against the mean measured step; "
+          "nothing fitted: out of sample")
+    for x in rows:
+        x["error"] = x["projected_ms"] / x["measured_ms"] - 1
+        x["covered"] = x["low_ms"] <= x["measured_ms"] <= x["high_ms"]
+        print(f"  {x['what']:72} {x['projected_ms']:7.1f} ({x['low_ms']:.1f}-"
+              f"{x['high_ms']:.1f}) vs {x['measured_ms']:7.1f} ms {100 * x['error']:+6.1f}%"
+              f"{'' if x['covered'] else ' !'}")
+    base = chunks[PIPELINE_SOURCE]
+    print("  annotated chunk time per microbatch, summed over the stages (fwd / bwd ms), and "
+          "against the source run's:")
+    for n in PIPELINE_RUNS:
+        c = chunks[n]
+        tot = (c["fwd"] + c["bwd"]) / (base["fwd"] + base["bwd"])
+        print(f"  {n:24} {c['fwd'] / 1e6:6.2f} / {c['bwd'] / 1e6:6.2f}  x{tot:.3f}")
+    return {"rows": rows, "chunk_ms": {n: {k: round(v / 1e6, 3) for k, v in c.items()}
+                                       for n, c in chunks.items()}}
+
+
 def gpu(store: Path) -> dict | None:
     """The cross-GPU section: benchmarks/gpu_accuracy.py (its ``report()``, whose dict is
     recorded, else its ``main()``)."""
@@ -504,11 +597,15 @@ def main(argv: list[str] | None = None) -> int:
     if "--expert-skew" in argv:  # this section alone, printed (no record written)
         with tempfile.TemporaryDirectory() as tmp:
             expert_skew(Path(tmp) / "moe")
+    if "--pipeline-only" in argv:
+        with tempfile.TemporaryDirectory() as tmp:
+            pipeline(Path(tmp) / "pp")
         return 0
     with tempfile.TemporaryDirectory() as tmp:
         record = network(Path(tmp) / "netlab")
         print()
         record["expert_skew"] = expert_skew(Path(tmp) / "moe")
+        record["pipeline"] = pipeline(Path(tmp) / "pp")
         print()
         gpu_record = gpu(Path(tmp) / "bert")
     if gpu_record is not None:

@@ -564,6 +564,16 @@ def _build(con: duckdb.DuckDBPyConnection, owner: duckdb.DuckDBPyConnection, job
     t0[2 * barrier_slot] = b_time
     t0[2 * barrier_slot + 1] = b_time
     partial = b_time > arrive  # the last arrival is outside: its wait stays, as measured
+    # point-to-point pairs (collective_ranks' 'p2p:' instances: a send and its receive): the
+    # receive ends after the later post + the transfer; the send's own span is its CPU's
+    # (FIXED), and it waits for the barrier only when it ended after it (a rendezvous, or a
+    # send waited for with a receive): one that ended before the receive was posted was
+    # buffered and depends on nothing of its peer
+    pair = np.char.startswith(names_all[used].astype(str), "p2p:")
+    x_send = pair[inst_idx] & (ci["kind"][ci_in].astype(str) == "send")
+    buffered = x_send & (t0[2 * x_slot + 1] < b_time[inst_idx])
+    own_fixed = np.zeros(n_slots, dtype=bool)
+    own_fixed[x_slot[x_send]] = True
 
     # -- recorded edges, minus the ones replaced: the start -> end order edge of a GPU op
     # or a transfer (by its duration edge); cross-rank 'collective' ones are not stored
@@ -579,15 +589,23 @@ def _build(con: duckdb.DuckDBPyConnection, owner: duckdb.DuckDBPyConnection, job
               -1, -1)]
     # duration edges: compute/memcpy ops scale with the GPU model; transfers with the network
     is_x = x_inst[op_slot] >= 0
+    fx = own_fixed[op_slot]
     parts.append((2 * op_slot, 2 * op_slot + 1, _GPU_ORDER,
-                  np.where(is_x, COMM_DURATION, OP_DURATION).astype(np.int8),
-                  np.arange(len(op_slot), dtype=np.int64), np.where(is_x, x_inst[op_slot], -1)))
+                  np.where(fx, FIXED, np.where(is_x, COMM_DURATION, OP_DURATION)).astype(
+                      np.int8),
+                  np.arange(len(op_slot), dtype=np.int64),
+                  np.where(is_x & ~fx, x_inst[op_slot], -1)))
     gloo_x = np.unique(x_slot[~np.isin(x_slot, op_slot)])  # transfers on CPU threads (gloo)
-    parts.append((2 * gloo_x, 2 * gloo_x + 1, _CPU_ORDER, COMM_DURATION, -1, x_inst[gloo_x]))
-    # barriers: arrival (every rank's transfer start -> barrier), transfer (-> every end)
+    fx = own_fixed[gloo_x]
+    parts.append((2 * gloo_x, 2 * gloo_x + 1, _CPU_ORDER,
+                  np.where(fx, FIXED, COMM_DURATION).astype(np.int8), -1,
+                  np.where(fx, -1, x_inst[gloo_x])))
+    # barriers: arrival (every rank's transfer start -> barrier), transfer (-> every end
+    # but a buffered send's)
     parts.append((2 * x_slot, 2 * barrier_slot[inst_idx], _COLLECTIVE, ARRIVAL, -1, inst_idx))
-    parts.append((2 * barrier_slot[inst_idx], 2 * x_slot + 1, _COLLECTIVE, TRANSFER, -1,
-                  inst_idx))
+    tied = ~buffered
+    parts.append((2 * barrier_slot[inst_idx[tied]], 2 * x_slot[tied] + 1, _COLLECTIVE,
+                  TRANSFER, -1, inst_idx[tied]))
     src, dst, kind, role, op, inst = _concat(parts)
     from .simulate import csr_by_destination, edges_in_order, topological_order
 
@@ -645,7 +663,7 @@ def _build(con: duckdb.DuckDBPyConnection, owner: duckdb.DuckDBPyConnection, job
     op_info = Lazy({"rank": ops["rank"], "eid": ops["eid"], "slot": op_slot,
                     "is_comm": ops["is_comm"], "dur": t0[2 * op_slot + 1] - t0[2 * op_slot]},
                    lambda: _op_details(owner.cursor(), sel, slot_of, op_slot))
-    insts = _instances(ci, inst_all, used, names_all, n_inst, inst_idx)
+    insts = _instances(ci, inst_all, used, names_all, n_inst, inst_idx, ci_rel)
     # a transfer's own duration edge is the transfer alone (the last arrival's duration)
     comm_dur = role == COMM_DURATION
     base_w[comm_dur] = insts["transfer_ns"][inst[comm_dur]]
@@ -785,21 +803,31 @@ def _identity_weights(ptr: np.ndarray, dst: np.ndarray, lag: np.ndarray, kind: n
 
 
 def _instances(ci: dict, inst_all: np.ndarray, used: np.ndarray, names_all: np.ndarray,
-               n_inst: int, inst_idx: np.ndarray) -> dict:
-    """ReplayGraph.insts, per replayed instance, from its rows on every rank of the job."""
+               n_inst: int, inst_idx: np.ndarray, ci_rel: np.ndarray) -> dict:
+    """ReplayGraph.insts, per replayed instance, from its rows on every rank of the job.
+    A point-to-point pair's group is its two ranks, its transfer the receive's end after
+    the later of the two posts (``_pair_transfer_ns``)."""
     rows = inst_all >= 0
     ii = inst_all[rows]
     first = np.full(n_inst, -1, dtype=np.int64)
     first[ii[::-1]] = np.flatnonzero(rows)[::-1]
     dur = (ci["end_ns"] - ci["ts_ns"]).astype(np.float64)
     transfer = _transfer_ns(dur[rows], ii, n_inst)
+    pair = np.char.startswith(names_all[used].astype(str), "p2p:")
+    if pair.any():
+        recv = ci["kind"][rows].astype(str) == "recv"
+        xfer = _pair_transfer_ns(ci_rel[rows], (ci["end_ns"][rows] - ci["ts_ns"][rows]
+                                                + ci_rel[rows]), recv, ii, n_inst)
+        transfer = np.where(pair, xfer, transfer)
     members: list[list[int]] = [[] for _ in range(n_inst)]
     for i, r in zip(ii.tolist(), ci["rank"][rows].tolist(), strict=True):
         members[i].append(int(r))
     group_ranks = []
     for i in range(n_inst):
         g, size = ci["group_ranks"][first[i]], ci["group_size"][first[i]]
-        if g is not None and len(g):
+        if pair[i]:  # a send and its receive: the two ranks' link
+            group_ranks.append(sorted(members[i]))
+        elif g is not None and len(g):
             group_ranks.append(sorted(int(r) for r in g))
         elif size is not None and not np.isnan(size) and int(size) > len(members[i]):
             group_ranks.append(list(range(int(size))))
@@ -823,7 +851,8 @@ def _instances(ci: dict, inst_all: np.ndarray, used: np.ndarray, names_all: np.n
     return {
         "instance": names_all[used],
         "collective": ci["collective"][first].astype(str),
-        "kind": ci["kind"][first].astype(str),  # collective_ranks.kind
+        # collective_ranks.kind; a pair is one message: 'send' from both of its ends
+        "kind": np.where(pair, "send", ci["kind"][first].astype(str)),
         "bytes": num("bytes"),
         "pg_desc": ci["pg_desc"][first],
         "group_ranks": group_ranks,
@@ -837,15 +866,30 @@ def _instances(ci: dict, inst_all: np.ndarray, used: np.ndarray, names_all: np.n
 
 def unpaired_p2p(graph: ReplayGraph) -> int:
     """How many of the graph's collective instances are point-to-point calls (send / recv)
-    of a group of more than two ranks. collective_ranks matches a group's calls by position
-    on every rank of the group, so such an instance ties a send to every rank of the group
-    (not to its peer) and its transfer starts at the group's last arrival: a barrier, not a
-    two-rank dependency. The identity replay is still exact (the measured waits are kept);
-    a network what-if would price it wrong, so it is refused (docs/collectives.md)."""
+    that collective_ranks could not pair (no peer recorded, or the peer not traced) in a
+    group of more than two ranks: matched by position on every rank of the group, such an
+    instance ties a send to every rank of the group (not to its peer) and its transfer
+    starts at the group's last arrival. The identity replay is still exact (the measured
+    waits are kept); a network what-if would price it wrong, so it is refused
+    (docs/collectives.md). Paired calls ('p2p:' instances) are two-rank dependencies."""
     ins = graph.insts
     p2p = np.isin(ins["kind"], ("send", "recv"))
+    p2p &= ~np.char.startswith(ins["instance"].astype(str), "p2p:")
     wide = np.array([len(g) > 2 for g in ins["group_ranks"]], dtype=bool)
     return int((p2p & wide).sum())
+
+
+def _pair_transfer_ns(start: np.ndarray, end: np.ndarray, recv: np.ndarray,
+                      inst_idx: np.ndarray, n_inst: int) -> np.ndarray:
+    """Per point-to-point pair, its transfer: the receive's end - the later of the two posts
+    (0 at least). Not the shortest span, as for a collective: a send that was buffered ends
+    before its receive is posted, and says nothing of the link."""
+    post = np.full(n_inst, -np.inf)
+    np.maximum.at(post, inst_idx, start)
+    got = np.full(n_inst, -np.inf)
+    np.maximum.at(got, inst_idx[recv], end[recv])
+    out = got - post
+    return np.where(np.isfinite(out), np.maximum(out, 0.0), 0.0)
 
 
 def _op_details(con: duckdb.DuckDBPyConnection, sel: _Selection, slot_of: SlotIndex,

@@ -210,6 +210,8 @@ def replay_pipeline(p: Pipeline, microbatches: int | None = None, schedule: str 
     if network is not None and source_network is None:
         raise WhatIfError(f"job {p.job}: give --source-network, the network the trace ran "
                           "on, to price its transfers on another")
+    if network is not None and network.placement is not None:
+        network.placement.check_covers(len(p.ranks), p.job)
     m = p.microbatches
     k = 1.0 if keep_size else m / n  # each chunk's share of the traced one
     notes = [f"pipeline of {p.n_stages} stages (ranks {', '.join(map(str, p.ranks))}), "

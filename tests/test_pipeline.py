@@ -6,6 +6,7 @@ bubble and every step is known exactly)."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -22,11 +23,13 @@ F_US, B_US, PRE_US, POST_US, AR_US = 1000, 2000, 500, 500, 10
 SHAPE = {"Input Dims": [[64, 1024]], "Input type": ["float"]}
 
 
-def lay_out(orders: list[str], steps: int = 2, t_us: float = 0) -> tuple[dict, dict]:
+def lay_out(orders: list[str], steps: int = 2, t_us: float = 0,
+            link_us: Callable[[int, int], float] | None = None) -> tuple[dict, dict]:
     """Each rank's events, and per (step, stage) its bubble in ns, of a pipeline whose
     stages run ``orders``: between two chunks a stage posts the sends of the chunk it ended
     and the receive of its next one at once and waits for all (Megatron's batched p2p,
-    like the rig's job); a message completes at max(send post, receive post) + t_us. After
+    like the rig's job); a message completes at max(send post, receive post) + t_us (or
+    ``link_us(rank, peer rank)``: each link its own transfer time). After
     its chunks: the optimizer, then a loss allreduce over every rank that ends the step."""
     n = len(orders)
     events: dict[int, list[dict]] = {r: [] for r in STAGE_RANKS}
@@ -71,7 +74,8 @@ def lay_out(orders: list[str], steps: int = 2, t_us: float = 0) -> tuple[dict, d
                         break
                     done = t[s]
                     for send, key, peer in what:
-                        end = max(t[s], posts[(key, not send)]) + t_us
+                        end = max(t[s], posts[(key, not send)]) + (
+                            t_us if link_us is None else link_us(rank, STAGE_RANKS[peer]))
                         done = max(done, end)
                         name = "send" if send else "recv_"
                         ci = ["", "", str(STAGE_RANKS[peer]), "0"]
@@ -247,6 +251,31 @@ def test_transfers_priced_by_the_network(store: tuple[Path, dict]) -> None:
         assert s["projected_step_ns"] > 22_010 * US + 6 * t_s * 1e9  # 6 hops at least
 
 
+def test_placement_moves_one_link(store: tuple[Path, dict], tmp_path: Path) -> None:
+    """--placement with the pipeline what-if: stages 0-1 (ranks 2, 0) in one datacenter,
+    stages 2-3 (ranks 3, 1) in another 0.5 ms away; only the link between stages 1 and 2
+    then costs the model's price across it, and the projection is the job laid out so."""
+    from tracetool.replay.network import collective_time, parse_network
+
+    st, _ = store
+    place = tmp_path / "place.csv"
+    write(place, "rank,node,datacenter\n0,n0,east\n1,n1,west\n2,n2,east\n3,n3,west\n")
+    src = "gpus_per_node=1,inter_node_bw=inf,inter_node_latency=0us"
+    dst = "dc_bw=inf,dc_latency=500us"
+    far = collective_time(parse_network(f"{src},{dst},ranks_per_dc=2"), "send", 64 * 1024 * 4,
+                          [0, 2], "gloo")
+    assert far > 1e-3
+    code, out, err = run("replay", st, "--job", "f1b", "--source-network", src, "--network",
+                         dst, "--placement", place, "--microbatches", "4", "--json")
+    assert code == 0, err
+    events, _ = lay_out(ORDERS["1f1b"], steps=1,
+                        link_us=lambda a, b: far * 1e6 if {a, b} == {0, 3} else 0.0)
+    step_us = max(e["ts"] + e["dur"] for evs in events.values() for e in evs) - 1_000_000
+    steps = json.loads(out)["steps"]
+    assert steps and all(abs(s["projected_step_ns"] - step_us * US) <= 2 for s in steps)
+    assert step_us > 22_010 + 4 * far * 1e6  # the far link is crossed 8 times, 4 in series
+
+
 @pytest.mark.parametrize(("args", "message", "code"), [
     (["--pipeline-schedule", "1f1b"], "tracetool: error: job f1b ran 1F1B with 4 microbatches "
      "already: the pipeline what-if changes nothing", 2),
@@ -264,11 +293,11 @@ def test_transfers_priced_by_the_network(store: tuple[Path, dict]) -> None:
      "another", 2),
     (["--microbatches", "2", "--steps", "1:2"], "tracetool: error: a pipeline what-if "
      "(--microbatches, --pipeline-schedule) takes no --chrome-trace, --plot, --steps, "
-     "--step, --ranks, --annotation, --window, --placement, --cpu-speedup or --expert-skew",
+     "--step, --ranks, --annotation, --window, --cpu-speedup or --expert-skew",
      2),
     (["--microbatches", "2", "--cpu-speedup", "2"], "tracetool: error: a pipeline what-if "
      "(--microbatches, --pipeline-schedule) takes no --chrome-trace, --plot, --steps, "
-     "--step, --ranks, --annotation, --window, --placement, --cpu-speedup or --expert-skew",
+     "--step, --ranks, --annotation, --window, --cpu-speedup or --expert-skew",
      2),
 ])
 def test_whatif_errors(store: tuple[Path, dict], args: list[str], message: str,

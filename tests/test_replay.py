@@ -44,10 +44,6 @@ for _k, _m in NETLAB_MEASURED.items():
     if not any(o["pattern"] == _m["pattern"] and o["world_size"] == _m["world_size"]
                for o in NETLAB_IDENTITY.values()):
         NETLAB_IDENTITY[_k] = _m
-# the critical path's parts of a pipeline step (gloo send/recv) add up to more than the step
-# (1.7-2.0x on the pipeline jobs): a replay bug, kept visible until it is fixed
-CP_OVERCOUNT = pytest.mark.xfail(strict=True, reason="critical path over-counts a pipeline "
-                                 "step's send/recv waits (sum of parts 1.7-2.0x the step)")
 GLOO_NET = "gpus_per_node=1,inter_node_bw=1Gbit/s"
 
 
@@ -95,9 +91,7 @@ def replayers(con: duckdb.DuckDBPyConnection) -> dict[str, Replayer]:
     return _Replayers(con)
 
 
-@pytest.mark.parametrize("job", [*MULTI_RANK, *(
-    pytest.param(f"netlab_{s}", marks=CP_OVERCOUNT) if m.get("kind") == "pipeline"
-    else f"netlab_{s}" for s, m in NETLAB_IDENTITY.items())])
+@pytest.mark.parametrize("job", [*MULTI_RANK, *(f"netlab_{s}" for s in NETLAB_IDENTITY)])
 def test_identity_replay_reproduces_every_step(job: str, con: duckdb.DuckDBPyConnection,
                                                replayers: dict[str, Replayer]) -> None:
     expected = dict(con.execute(

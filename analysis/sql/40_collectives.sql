@@ -73,11 +73,12 @@ SELECT f.job, f.n_ranks,
            AS n_missing
 FROM f LEFT JOIN g USING (job);
 
--- Two ranks' calls can be the same call: kind, dtype, bytes and stream (fields of a call's
--- signature, see collective_ranks) equal wherever both are known.
+-- Two ranks' calls can be the same call: kind, dtype, bytes, stream and step (fields of a
+-- call's signature, see collective_ranks) equal wherever both are known.
 CREATE OR REPLACE MACRO _collective_same_call(a, b) AS
     coalesce(a.kind = b.kind, TRUE) AND coalesce(a.dtype = b.dtype, TRUE)
-    AND coalesce(a.bytes = b.bytes, TRUE) AND coalesce(a.stream = b.stream, TRUE);
+    AND coalesce(a.bytes = b.bytes, TRUE) AND coalesce(a.stream = b.stream, TRUE)
+    AND coalesce(a.step = b.step, TRUE);
 
 -- @view collective_ranks: collectives with the key that matches one call across ranks.
 -- All columns of collectives (group_size completed: the call's Group size or listed ranks,
@@ -97,10 +98,16 @@ CREATE OR REPLACE MACRO _collective_same_call(a, b) AS
 --   rank (its lowest) after alignment (call_index - match_shift). NULL for a call that is
 --   unmatched: not present on every rank of the job that calls the group (a trace window
 --   that starts or ends at another call), or, without seq, whose signature differs from
---   the reference rank's call. Everything that pairs calls across ranks
+--   the reference rank's call. A send/recv whose peer (peer_rank, a rank of the call's
+--   group: global through group_ranks) is a traced rank of the job is a point-to-point
+--   pair instead: 'p2p:<pg_name>:<src>><dst>:step:<step>:<k>', the k-th send from src to
+--   dst of a ProfilerStep with the k-th receive of that step (NULL for a step whose two ends
+--   made different numbers of them), or 'p2p:<pg_name>:<src>><dst>:<k>' without steps (the
+--   k-th of the trace, when both ends made as many). Everything that pairs calls across ranks
 --   (rank_clock_offsets, collective_instances, stragglers, the critical path, replay) keys
 --   on this column.
--- match: how the instance was matched: 'seq' (sequence numbers), 'aligned' (every rank's
+-- match: how the instance was matched: 'pair' (a send and its receive, above; the group's
+--   other calls are aligned or numbered without the paired ones), 'seq' (sequence numbers), 'aligned' (every rank's
 --   call sequence aligned to the reference rank's), 'call_order' (the n-th call on every
 --   rank, unshifted: the group has one rank, or some rank's sequence could not be
 --   aligned). Unmatched calls have it too: how their group is matched.
@@ -112,11 +119,12 @@ CREATE OR REPLACE MACRO _collective_same_call(a, b) AS
 -- match_confident: TRUE for seq, and for aligned instances where every rank's margin is at
 --   least 3 (not ambiguous); only these set clock offsets (rank_clock_offsets).
 --
--- The alignment. A call's signature is (kind, dtype, bytes, stream): kind as above (send and
+-- The alignment. A call's signature is (kind, dtype, bytes, stream, step): kind as above (send and
 -- recv are one kind, 'p2p'; an unknown name is itself, lowercased),
 -- dtype lowercased, bytes = in_bytes except for all_to_all and p2p (their sizes differ by
 -- rank), stream the kernel stream's ordinal among the rank's streams of the group (stream
--- ids are per process); unknown fields match anything (_collective_same_call). For each
+-- ids are per process), step the call's ProfilerStep (one iteration on every rank); unknown
+-- fields match anything (_collective_same_call). For each
 -- rank of a group without seq, each shift |s| <= max(8, |difference of the call counts| +
 -- 3), at most 64, is scored on the pairs (reference call i < 128, this rank's call i + s):
 -- d = end_ns - reference end_ns for the pairs whose signatures agree; spread = the median
@@ -146,12 +154,62 @@ WITH src AS MATERIALIZED (  -- the table, read once (one Parquet file per rank: 
     FROM collectives c
     LEFT JOIN process_groups pg ON pg.job = c.job AND pg.pg_name = c.pg_name
     LEFT JOIN job_world w ON w.job = c.job),
-c0 AS MATERIALIZED (  -- every call, narrowed to what matching needs
-    SELECT job, rank, coalesce(pg_name, '?') AS pg_key, call_index, seq, end_ns,
-           kernel_stream, lower(dtype) AS dtype, in_bytes,
-           CASE collective_kind(collective) WHEN 'send' THEN 'p2p' WHEN 'recv' THEN 'p2p'
-                WHEN 'other' THEN lower(collective) ELSE collective_kind(collective) END AS kind
-    FROM src),
+peers AS MATERIALIZED (  -- send/recv calls whose peer is a traced rank of the job: paired
+    SELECT s.job, s.rank, coalesce(s.pg_name, '?') AS pg_key, s.call_index,
+           collective_kind(s.collective) AS p2p_kind, s.step,
+           -- the recorded peer is the group's rank: the global one through the group's list
+           CASE WHEN len(s.group_ranks) > s.peer_rank AND s.peer_rank >= 0
+                     AND NOT coalesce(s.group_ranks_truncated, FALSE)
+                THEN s.group_ranks[s.peer_rank + 1] ELSE s.peer_rank END AS peer
+    FROM src s
+    WHERE s.peer_rank IS NOT NULL AND collective_kind(s.collective) IN ('send', 'recv')),
+pp AS MATERIALIZED (
+    SELECT p.*, CASE p2p_kind WHEN 'send' THEN p.rank ELSE p.peer END AS src_rank,
+           CASE p2p_kind WHEN 'send' THEN p.peer ELSE p.rank END AS dst_rank,
+           row_number() OVER (PARTITION BY p.job, p.pg_key, p.rank, p2p_kind, p.peer
+                              ORDER BY p.call_index) - 1 AS k,
+           count(*) OVER (PARTITION BY p.job, p.pg_key, p.rank, p2p_kind, p.peer) AS n,
+           row_number() OVER (PARTITION BY p.job, p.pg_key, p.rank, p2p_kind, p.peer, p.step
+                              ORDER BY p.call_index) - 1 AS ks,
+           count(*) OVER (PARTITION BY p.job, p.pg_key, p.rank, p2p_kind, p.peer, p.step)
+               AS ns
+    FROM peers p
+    WHERE p.peer <> p.rank
+      AND EXISTS (SELECT 1 FROM trace_files t WHERE t.job = p.job AND t.rank = p.peer)),
+pair_rule AS (  -- per ordered pair (and group): by step when every call of both ends has
+                -- one, else the k-th with the k-th when both ends made as many calls
+    SELECT job, pg_key, src_rank, dst_rank, bool_and(step IS NOT NULL) AS by_step,
+           count(DISTINCT p2p_kind) = 2 AND count(DISTINCT n) = 1 AS same_count
+    FROM pp GROUP BY ALL),
+pair_steps AS (  -- steps in which both ends made as many calls
+    SELECT job, pg_key, src_rank, dst_rank, step FROM pp WHERE step IS NOT NULL
+    GROUP BY ALL HAVING count(DISTINCT p2p_kind) = 2 AND count(DISTINCT ns) = 1),
+paired AS MATERIALIZED (
+    SELECT p.job, p.rank, p.pg_key, p.call_index,
+           row_number() OVER (PARTITION BY p.job, p.rank, p.pg_key ORDER BY p.call_index)
+               AS n_before,  -- paired calls of the rank and group up to this one
+           CASE WHEN r.by_step AND s.step IS NOT NULL
+                THEN 'p2p:' || p.pg_key || ':' || p.src_rank || '>' || p.dst_rank
+                     || ':step:' || p.step || ':' || p.ks
+                WHEN NOT r.by_step AND r.same_count
+                THEN 'p2p:' || p.pg_key || ':' || p.src_rank || '>' || p.dst_rank || ':' || p.k
+           END AS instance
+    FROM pp p JOIN pair_rule r USING (job, pg_key, src_rank, dst_rank)
+    LEFT JOIN pair_steps s USING (job, pg_key, src_rank, dst_rank, step)),
+c0 AS MATERIALIZED (  -- every call but the paired ones, narrowed to what matching needs;
+                      -- call_index renumbered without them (the same where there are none)
+    SELECT s.job, s.rank, coalesce(s.pg_name, '?') AS pg_key,
+           s.call_index - coalesce(x.n_before, 0) AS call_index,
+           s.call_index AS raw_index, s.seq, s.end_ns, s.step,
+           s.kernel_stream, lower(s.dtype) AS dtype, s.in_bytes,
+           CASE collective_kind(s.collective) WHEN 'send' THEN 'p2p' WHEN 'recv' THEN 'p2p'
+                WHEN 'other' THEN lower(s.collective) ELSE collective_kind(s.collective) END
+               AS kind
+    FROM src s
+    ASOF LEFT JOIN paired x ON x.job = s.job AND x.rank = s.rank
+                           AND x.pg_key = coalesce(s.pg_name, '?')
+                           AND x.call_index <= s.call_index
+    WHERE x.call_index IS DISTINCT FROM s.call_index),  -- not itself paired
 streams AS (
     SELECT job, rank, pg_key, kernel_stream,
            row_number() OVER (PARTITION BY job, rank, pg_key ORDER BY kernel_stream) AS ord
@@ -162,7 +220,7 @@ calls AS MATERIALIZED (
            struct_pack(kind := c.kind, dtype := c.dtype,
                        bytes := CASE WHEN c.kind IN ('all_to_all', 'p2p')
                                      THEN NULL ELSE c.in_bytes END,
-                       stream := s.ord) AS sig
+                       stream := s.ord, step := c.step) AS sig
     FROM c0 c LEFT JOIN streams s USING (job, rank, pg_key, kernel_stream)),
 g AS MATERIALIZED (  -- each rank of each group
     SELECT job, pg_key, rank, n_calls, min(rank) OVER w AS ref_rank,
@@ -247,18 +305,27 @@ SELECT c.*, collective_kind(c.collective) AS kind,
             THEN coalesce(c.out_bytes, c.in_bytes * c.group_size)
             ELSE coalesce(c.in_bytes, c.out_bytes) END AS bytes,
        CASE WHEN grp.by_seq AND o.seq IS NOT NULL THEN 'pg:' || r.pg_key || ':seq:' || c.seq
-            WHEN NOT grp.by_seq AND c.call_index - r.match_shift BETWEEN grp.lo AND grp.hi
+            WHEN NOT grp.by_seq AND x.call_index - r.match_shift BETWEEN grp.lo AND grp.hi
              AND b.pos IS NULL
-            THEN 'pg:' || r.pg_key || ':call:' || (c.call_index - r.match_shift)
+            THEN 'pg:' || r.pg_key || ':call:' || (x.call_index - r.match_shift)
        END AS instance,
        grp.match, r.match_shift, r.spread_ns AS match_spread_ns, r.margin AS match_margin,
        grp.confident AS match_confident
 FROM src c
-JOIN r ON r.job = c.job AND r.rank = c.rank AND r.pg_key = coalesce(c.pg_name, '?')
+JOIN c0 x ON x.job = c.job AND x.rank = c.rank AND x.pg_key = coalesce(c.pg_name, '?')
+         AND x.raw_index = c.call_index
+JOIN r ON r.job = c.job AND r.rank = c.rank AND r.pg_key = x.pg_key
 JOIN grp ON grp.job = r.job AND grp.pg_key = r.pg_key
 LEFT JOIN bad b ON b.job = c.job AND b.pg_key = r.pg_key
-               AND b.pos = c.call_index - r.match_shift
-LEFT JOIN seq_ok o ON o.job = c.job AND o.pg_key = r.pg_key AND o.seq = c.seq;
+               AND b.pos = x.call_index - r.match_shift
+LEFT JOIN seq_ok o ON o.job = c.job AND o.pg_key = r.pg_key AND o.seq = c.seq
+UNION ALL BY NAME
+SELECT c.*, collective_kind(c.collective) AS kind, coalesce(c.in_bytes, c.out_bytes) AS bytes,
+       x.instance, 'pair' AS match, 0 AS match_shift, NULL::BIGINT AS match_spread_ns,
+       NULL::DOUBLE AS match_margin, x.instance IS NOT NULL AS match_confident
+FROM src c
+JOIN paired x ON x.job = c.job AND x.rank = c.rank AND x.pg_key = coalesce(c.pg_name, '?')
+             AND x.call_index = c.call_index;
 
 -- @view collective_matching: how each rank's calls of each process group were matched, and
 --   how well (one row per job, group and rank; `tracetool report` warns from it).
@@ -267,6 +334,8 @@ LEFT JOIN seq_ok o ON o.job = c.job AND o.pg_key = r.pg_key AND o.seq = c.seq;
 --   other rank's were) or 'call_order' (no plausible alignment: matched by call index).
 -- n_calls: the rank's calls in the group; n_matched: those with an instance;
 --   n_unmatched = n_calls - n_matched (calls cut off by a window, or differing signatures).
+-- n_paired: of n_calls, the send/recv calls paired with their peer's (match 'pair'), not
+--   aligned with the group's other calls; match is 'pair' for a rank that has only those.
 -- shift, spread_ns, margin: the alignment against the reference rank (collective_ranks'
 --   match_shift, match_spread_ns, match_margin; NULL unless this rank was aligned).
 -- ambiguous: margin < 3: another shift fits the end times almost as well, so the chosen
@@ -275,14 +344,17 @@ CREATE OR REPLACE VIEW collective_matching WITH (DEFER_BINDING) AS
 WITH r AS (
     SELECT job, coalesce(pg_name, '?') AS pg_key, any_value(pg_name) AS pg_name, rank,
            count(*) AS n_calls, count(instance) AS n_matched,
-           any_value(match) AS group_match, any_value(match_shift) AS shift,
+           count(*) FILTER (match = 'pair') AS n_paired,
+           any_value(match) FILTER (match <> 'pair') AS group_match,
+           any_value(match_shift) FILTER (match <> 'pair') AS shift,
            any_value(match_spread_ns) AS spread_ns, any_value(match_margin) AS margin
     FROM collective_ranks GROUP BY job, pg_key, rank)
 SELECT job, pg_name, rank, min(rank) OVER w AS ref_rank,
        CASE WHEN group_match = 'seq' THEN 'seq' WHEN spread_ns IS NOT NULL THEN 'aligned'
             WHEN rank = min(rank) OVER w AND group_match = 'aligned' THEN 'aligned'
+            WHEN group_match IS NULL THEN 'pair'
             ELSE 'call_order' END AS match,
-       n_calls, n_matched, n_calls - n_matched AS n_unmatched,
+       n_calls, n_matched, n_calls - n_matched AS n_unmatched, n_paired,
        CASE WHEN spread_ns IS NOT NULL THEN shift END AS shift, spread_ns, margin,
        coalesce(margin < 3, FALSE) AS ambiguous
 FROM r WINDOW w AS (PARTITION BY job, pg_key);
@@ -304,7 +376,8 @@ d AS (
     SELECT c.job, c.rank, c.end_ns - r.end_ns AS diff
     FROM m c JOIN ref_calls r ON r.job = c.job AND r.instance = c.instance
     WHERE c.match_confident AND c.end_ns IS NOT NULL AND r.end_ns IS NOT NULL
-      AND NOT starts_with(coalesce(c.pg_name, ''), 'kernel:')),  -- no call record: no clock
+      AND NOT starts_with(coalesce(c.pg_name, ''), 'kernel:')  -- no call record: no clock
+      AND c.match <> 'pair'),  -- a send and its receive do not end together
 o AS (SELECT job, rank, quantile_disc(diff, 0.5)::BIGINT AS offset_ns,
              count(diff) AS n_samples FROM d GROUP BY ALL)
 SELECT m.*, coalesce(o.offset_ns, 0) AS offset_ns, coalesce(o.n_samples, 0) AS n_samples
@@ -314,7 +387,8 @@ FROM m LEFT JOIN o USING (job, rank);
 --   matched collective.
 -- job, rank. offset_ns: median over confidently matched collectives (match_confident: seq,
 --   or an unambiguous alignment) with a call record (not the kernel:<backend> groups of
---   comm kernels no call claims, whose few unsized calls align loosely) of (this rank's
+--   comm kernels no call claims, whose few unsized calls align loosely), not point-to-point
+--   pairs (a send and its receive do not end together), of (this rank's
 --   end - the reference rank's end): all
 --   ranks of a collective finish together, within its transfer jitter, so the median
 --   difference estimates how far this rank's clock runs ahead. Subtract it to align
@@ -349,6 +423,8 @@ FROM events e LEFT JOIN rank_clock_offsets o USING (job, rank);
 -- match_error_ns: max - min of the ranks' aligned end_ns: how well the matched calls agree
 --   (a collective ends together on all ranks; broadcast roots may finish early).
 -- transfer_ns: the shortest per-rank duration, i.e. the last arrival's: the transfer itself.
+--   For a point-to-point pair (match 'pair'): the receive's end - the later arrival (a
+--   buffered send ends before its receive is posted, and says nothing of the link).
 -- bytes: collective_ranks.bytes, the message size nccl-tests calls S. algbw_gbps = bytes / transfer_ns (GB/s); busbw_gbps = algbw * factor, factor
 --   2(n-1)/n for allreduce, (n-1)/n for allgather / reduce_scatter / alltoall, 1 otherwise.
 CREATE OR REPLACE VIEW collective_instances WITH (DEFER_BINDING) AS
@@ -361,7 +437,10 @@ i AS (
            min(arrival_ns) OVER w AS first_arrival_ns,
            max(arrival_ns) OVER w AS last_arrival_ns,
            arg_max(rank, arrival_ns) OVER w AS last_rank,
-           min(aligned_end_ns - arrival_ns) OVER w AS transfer_ns,
+           CASE WHEN match = 'pair'  -- the receive's end after the later post
+                THEN greatest(0, max(CASE WHEN kind = 'recv' THEN aligned_end_ns END) OVER w
+                                 - max(arrival_ns) OVER w)
+                ELSE min(aligned_end_ns - arrival_ns) OVER w END AS transfer_ns,
            max(aligned_end_ns) OVER w - min(aligned_end_ns) OVER w AS match_error_ns
     FROM c WINDOW w AS (PARTITION BY job, instance))
 SELECT job, instance, pg_name, collective, kind, rank, eid, step, match, match_confident,

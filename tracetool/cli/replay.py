@@ -362,11 +362,11 @@ def replay_command(store: Path, job: str | None, source_gpu: str | None,
             check_dp_scale(len(job_ranks(con, job)), dp_scale)
         use_windows(con, job, windows)
         if microbatches is not None or pipeline_schedule is not None:
-            if chrome or plot or steps or ranks or annotation or window or placement \
-                    or cpu_speedup or expert_skew:
+            if chrome or plot or steps or ranks or annotation or window or cpu_speedup \
+                    or expert_skew:
                 raise InputError("a pipeline what-if (--microbatches, --pipeline-schedule) "
                                  "takes no --chrome-trace, --plot, --steps, --step, --ranks, "
-                                 "--annotation, --window, --placement, --cpu-speedup or "
+                                 "--annotation, --window, --cpu-speedup or "
                                  "--expert-skew")
             sc = Scenario(
                 gpu=gpu_option("--gpu", gpu) if gpu is not None else None,
@@ -383,6 +383,9 @@ def replay_command(store: Path, job: str | None, source_gpu: str | None,
             if network is not None:
                 sc = replace(sc, network=parse_network(_spec(network),
                                                        base=sc.source_network or Network()))
+            if placed is not None:  # the stages' ranks placed there: each link priced so
+                sc = replace(sc, network=replace(
+                    sc.network or sc.source_network or Network(), placement=placed))
             presult = run_pipeline(con, job, sc, include_incomplete)
             con.close()
             click.echo(json.dumps(presult.to_dict()) if as_json
