@@ -597,6 +597,7 @@ def main(argv: list[str] | None = None) -> int:
     if "--expert-skew" in argv:  # this section alone, printed (no record written)
         with tempfile.TemporaryDirectory() as tmp:
             expert_skew(Path(tmp) / "moe")
+        return 0
     if "--pipeline-only" in argv:
         with tempfile.TemporaryDirectory() as tmp:
             pipeline(Path(tmp) / "pp")
