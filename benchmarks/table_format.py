@@ -71,7 +71,7 @@ sys.path.insert(0, str(HERE))
 WORK = HERE / ".work" / "table_format"
 JOB = "scale"
 VIEWS = ("collective_instances", "stragglers", "rank_clock_offsets", "step_breakdown")
-STEPS = ("ingest", "layout", "queries", "s3", "race", "kill", "snapshot")
+STEPS = ("ingest", "pack", "layout", "compact", "queries", "s3", "race", "kill", "snapshot")
 # tables every rank of the generated job has rows in (a killed writer's reader checks these)
 EVERY_RANK = ("trace_files", "events", "gpu_ops", "profiler_steps", "cp_nodes", "rank_edges")
 
@@ -272,7 +272,9 @@ class DeltaWriter:
             facts = write_batch_file(local, per_rank)
             if facts is None:
                 continue
-            rel = f"{t}/{tag}.parquet" if self.shape == "job" else f"{tag}.parquet"
+            # a partition's directory named hive style: polars' scan_delta (2.1) takes
+            # partition values from the path, not from the log's partitionValues
+            rel = f"table={t}/{tag}.parquet" if self.shape == "job" else f"{tag}.parquet"
             base = self.uri if self.shape == "job" else f"{self.uri}/{t}"
             self.put(local, f"{base}/{rel}")
             out[t] = (rel, facts)
@@ -337,14 +339,10 @@ def step_ingest(a: argparse.Namespace, res: dict[str, Any]) -> None:
     r = run_cli(["ingest", str(d), "--store", str(store), "--job", JOB, "--json"])
     if r["rc"] != 0:
         raise SystemExit(f"ingest failed: {r['stderr'][-500:]}")
-    p = run_cli(["pack", str(store), "--job", JOB])
-    startup = run_cli(["sql", str(store), "SELECT 1"])
     mb = meta["bytes"] / 1e6
     res["ingest"] = {
         "ranks": a.ranks, "mb": mb, "events": meta["events"],
         "ingest": {k: r[k] for k in ("wall_s", "user_s", "sys_s", "cpu_s")},
-        "pack_alone": {k: p[k] for k in ("wall_s", "cpu_s")},
-        "cli_startup_cpu_s": startup["cpu_s"],
         "cpu_s_per_gb": r["cpu_s"] / (mb / 1000), "mb_per_s": mb / r["wall_s"],
         "parquet_mb": sum(f.stat().st_size for f in (store / "data").rglob("*.parquet")) / 1e6,
         "pack_mb": sum(f.stat().st_size for f in (store / "packs").rglob("*.parquet")) / 1e6,
@@ -352,10 +350,26 @@ def step_ingest(a: argparse.Namespace, res: dict[str, Any]) -> None:
     i = res["ingest"]
     print(f"ingest (today, CLI): {a.ranks} ranks, {mb:.0f} MB: {r['wall_s']:.1f} s wall, "
           f"CPU {r['user_s']:.1f} user + {r['sys_s']:.1f} sys = {r['cpu_s']:.1f} s "
-          f"({i['cpu_s_per_gb']:.0f} CPU-s/GB, {i['mb_per_s']:.1f} MB/s); `tracetool pack` "
-          f"alone {p['wall_s']:.1f} s wall, {p['cpu_s']:.1f} CPU-s (CLI start-up "
-          f"{startup['cpu_s']:.1f} CPU-s); Parquet {i['parquet_mb']:.0f} MB + pack "
-          f"{i['pack_mb']:.0f} MB", flush=True)
+          f"({i['cpu_s_per_gb']:.0f} CPU-s/GB, {i['mb_per_s']:.1f} MB/s); Parquet "
+          f"{i['parquet_mb']:.0f} MB + pack {i['pack_mb']:.0f} MB", flush=True)
+
+
+def step_pack(a: argparse.Namespace, res: dict[str, Any]) -> None:
+    """The pack's share of the ingest: ``tracetool pack`` with the job's current pack
+    unpublished (its ``current`` marker moved aside), so that it builds one; less the CLI's
+    start-up (``tracetool sql S 'SELECT 1'``)."""
+    store = today_store(a)
+    marker = store / "packs" / f"job={JOB}" / "current"
+    marker.rename(marker.with_name("current.bench-aside"))
+    p = run_cli(["pack", str(store), "--job", JOB])
+    if "packed" not in p["stdout"]:
+        raise SystemExit(f"pack did not build: {p['stdout']} {p['stderr'][-300:]}")
+    startup = run_cli(["sql", str(store), "SELECT 1"])
+    marker.with_name("current.bench-aside").unlink()
+    res["pack"] = {"wall_s": p["wall_s"], "cpu_s": p["cpu_s"],
+                   "cli_startup_cpu_s": startup["cpu_s"]}
+    print(f"`tracetool pack` ({a.ranks} ranks): {p['wall_s']:.1f} s wall, {p['cpu_s']:.1f} "
+          f"CPU-s; CLI start-up {startup['cpu_s']:.1f} CPU-s", flush=True)
 
 
 # --------------------------------------------------------------------------- step: layout
@@ -428,8 +442,8 @@ def step_layout(a: argparse.Namespace, res: dict[str, Any]) -> None:
               f"{cpu[shape]:6.1f} s (files {cpu[shape + '_files']:.1f}, commits "
               f"{cpu[shape + '_commit']:.1f}; {cpu[shape] / a.ranks * 1000:.1f} ms per rank), "
               f"{L['mb'][shape]:.0f} MB; today / delta = {cpu['today'] / cpu[shape]:.2f}x")
-    if "ingest" in res:
-        pack = res["ingest"]["pack_alone"]["cpu_s"] - res["ingest"]["cli_startup_cpu_s"]
+    if "ingest" in res and "pack" in res:
+        pack = res["pack"]["cpu_s"] - res["pack"]["cli_startup_cpu_s"]
         base = res["ingest"]["ingest"]["cpu_s"] - cpu["today"] - pack
         gb = res["ingest"]["mb"] / 1000
         for shape in ("tables", "job"):
@@ -439,6 +453,61 @@ def step_layout(a: argparse.Namespace, res: dict[str, Any]) -> None:
                   f" - the pack {pack:.0f} s + delta {cpu[shape]:.0f} s = {est:.0f} CPU-s "
                   f"({est / gb:.0f} CPU-s/GB)")
             L[f"estimate_{shape}_cpu_s"] = est
+
+
+# --------------------------------------------------------------------------- step: compact
+
+
+def step_compact(a: argparse.Namespace, res: dict[str, Any]) -> None:
+    """The pack's counterpart in Delta: a copy of the ``job`` shape whose every table is
+    rewritten into one file (the batch files' row groups copied in order: still one per
+    rank) and committed as one transaction of removes and adds (``dataChange`` false)."""
+    import pyarrow.parquet as pq
+    from deltalake import DeltaTable
+    from deltalake.transaction import CommitProperties, RemoveAction
+
+    src, dst = delta_root(a, "job"), delta_root(a, "compact")
+    shutil.rmtree(dst, ignore_errors=True)
+    shutil.copytree(src, dst)
+    t0 = time.process_time()
+    dt = DeltaTable(str(dst))
+    acts = add_actions(dt)
+    by_table: dict[str, list[str]] = {}
+    for p, t in zip(acts["path"], acts["partition.table"], strict=True):
+        by_table.setdefault(t, []).append(p)
+    actions: list[Any] = []
+    tag = f"c-{uuid.uuid4().hex[:12]}"
+    for t, paths in sorted(by_table.items()):
+        paths.sort()
+        rel = f"table={t}/{tag}.parquet"
+        first = pq.ParquetFile(dst / paths[0])
+        names = first.schema_arrow.names
+        rows, ranks = 0, []
+        with pq.ParquetWriter(dst / rel, first.schema_arrow, compression="zstd",
+                              use_dictionary=ingest_dictionary(names)) as w:
+            for p in paths:
+                f = pq.ParquetFile(dst / p)
+                for i in range(f.num_row_groups):
+                    g = f.read_row_group(i)
+                    w.write_table(g, row_group_size=1 << 20)
+                    rows += g.num_rows
+                    ranks += [g.column("rank")[0].as_py()]
+        facts = {"rows": rows, "size": (dst / rel).stat().st_size, "min_rank": min(ranks),
+                 "max_rank": max(ranks)}
+        add = add_action(rel, facts, {"table": t})
+        add.data_change = False
+        actions.append(add)
+        actions += [RemoveAction(p, False, int(time.time() * 1000), None, {"table": t})
+                    for p in paths]
+    dt.create_write_transaction(actions, mode="append", schema=dt.schema(),
+                                partition_by=["table"],
+                                commit_properties=CommitProperties(
+                                    custom_metadata={"tracetool": "compact"}))
+    cpu = time.process_time() - t0
+    res["compact"] = {"cpu_s": cpu, "tables": len(by_table),
+                      "files_before": sum(len(v) for v in by_table.values())}
+    print(f"compact (delta job, {a.ranks} ranks): {res['compact']['files_before']} files -> "
+          f"{len(by_table)} in one commit, {cpu:.1f} CPU-s", flush=True)
 
 
 # --------------------------------------------------------------------------- step: queries
@@ -459,12 +528,12 @@ def query_child(fmt: str, root: str, view: str) -> dict[str, Any]:
         from tracetool.sqltext import path_list
         from tracetool.store_views import lockdown_sql
 
-        files = snapshot_files(root, fmt)
+        files = snapshot_files(root, "tables" if fmt == "tables" else "job")
         views = []
         for t in TABLES:
             fs = [Path(f) for f in files[t.name]]
             if fs:
-                rel = f"read_parquet({path_list(fs)})"
+                rel = f"read_parquet({path_list(fs)}, hive_partitioning = false)"
             else:
                 cols = ", ".join(f"CAST(NULL AS {c.sql_type}) AS {c.name}" for c in t.columns)
                 rel = f"(SELECT {cols}, NULL::VARCHAR AS job, NULL::INTEGER AS rank WHERE false)"
@@ -484,7 +553,8 @@ def query_child(fmt: str, root: str, view: str) -> dict[str, Any]:
 
 def step_queries(a: argparse.Namespace, res: dict[str, Any]) -> None:
     roots = {"today": str(today_store(a)), "tables": str(delta_root(a, "tables")),
-             "job": str(delta_root(a, "job"))}
+             "job": str(delta_root(a, "job")), "compact": str(delta_root(a, "compact"))}
+    roots = {k: v for k, v in roots.items() if Path(v).is_dir()}
     out: dict[str, dict[str, list[dict[str, Any]]]] = {}
     for rep in range(a.repeat):
         for view in ("startup", *VIEWS):
@@ -498,16 +568,18 @@ def step_queries(a: argparse.Namespace, res: dict[str, Any]) -> None:
     res["queries"] = out
     print(f"queries at {a.ranks} ranks (fresh process each; open = the store and every view, "
           f"best of {a.repeat}; s):")
-    print(f"  {'view':22}{'today open+query':>20}{'delta tables':>20}{'delta job':>20}"
-          f"{'job/today':>10}  rows")
+    fmts = list(roots)
+    print("  " + f"{'view':22}" + "".join(f"{f + ' open+query (CPU)':>28}" for f in fmts)
+          + f"{'job/today':>10}  rows")
     for view, by in out.items():
         best = {f: min(by[f], key=lambda r: r["total_s"]) for f in by}
         rows = {f: best[f]["rows"] for f in best}
         same = "same" if len(set(rows.values())) == 1 else f"DIFFER {rows}"
-        cells = "".join(f"{best[f]['open_s']:9.2f} +{best[f]['query_s']:7.2f}  "
-                        for f in ("today", "tables", "job"))
-        print(f"  {view:22}{cells}{best['job']['total_s'] / best['today']['total_s']:8.2f}x"
-              f"  {rows['today']:,} {same}")
+        cells = "".join(f"{best[f]['open_s']:9.2f} +{best[f]['query_s']:7.2f} "
+                        f"({best[f]['cpu_s']:5.2f})  " for f in fmts)
+        ratio = (f"{best['job']['total_s'] / best['today']['total_s']:8.2f}x"
+                 if "job" in best and "today" in best else "")
+        print(f"  {view:22}{cells}{ratio}  {rows['today']:,} {same}")
 
 
 # --------------------------------------------------------------------------- S3 (moto)
@@ -696,9 +768,9 @@ def race_child(uri: str, mode: str, who: str, n: int, go: str, storage_json: str
         pq.write_table(pa.table({"rank": pa.array([rank], pa.int32()),
                                  "job": [JOB], "writer": [who]}), local)
         w = DeltaWriter(uri, "job", storage)
-        w.put(local, f"{uri}/trace_files/{tag}.parquet")
+        w.put(local, f"{uri}/table=trace_files/{tag}.parquet")
         facts = {"rows": 1, "size": 1000, "min_rank": rank, "max_rank": rank}
-        acts: list[Any] = [add_action(f"trace_files/{tag}.parquet", facts,
+        acts: list[Any] = [add_action(f"table=trace_files/{tag}.parquet", facts,
                                       {"table": "trace_files"})]
         if mode == "replace":
             old = [p for p in add_actions(dt)["path"]
@@ -762,8 +834,8 @@ def step_race(a: argparse.Namespace, res: dict[str, Any]) -> None:
                 local = Path(tempfile.mkdtemp()) / "seed.parquet"
                 pq.write_table(pa.table({"rank": pa.array([0], pa.int32()), "job": [JOB],
                                          "writer": ["seed"]}), local)
-                w.put(local, f"{uri}/trace_files/seed.parquet")
-                w.commit({"trace_files": ("trace_files/seed.parquet",
+                w.put(local, f"{uri}/table=trace_files/seed.parquet")
+                w.commit({"trace_files": ("table=trace_files/seed.parquet",
                                           {"rows": 1, "size": 1000, "min_rank": 0,
                                            "max_rank": 0})}, "seed")
                 go = Path(tempfile.mkdtemp()) / "go"
@@ -898,15 +970,15 @@ def step_snapshot(a: argparse.Namespace, res: dict[str, Any]) -> None:
     # a writer replaces rank 0 (copy-on-write of the batch file without it) and commits
     dt = DeltaTable(uri)
     old = [p for p in add_actions(dt)["path"]
-           if p.startswith("events/")]
+           if p.startswith("table=events/")]
     t = time.process_time()
     keep = [(r, data[r]["events"]) for r in rs if r != 0]
     local = w.tmp / "events-r.parquet"
     facts = write_batch_file(local, keep)
     assert facts is not None
-    w.put(local, f"{uri}/events/b0-r.parquet")
+    w.put(local, f"{uri}/table=events/b0-r.parquet")
     dt.create_write_transaction(
-        [add_action("events/b0-r.parquet", facts, {"table": "events"})]
+        [add_action("table=events/b0-r.parquet", facts, {"table": "events"})]
         + [RemoveAction(p, True, int(time.time() * 1000), None, {"table": "events"})
            for p in old], mode="append", schema=dt.schema(), partition_by=["table"],
         commit_properties=CommitProperties(custom_metadata={"tracetool": "replace rank 0"}))
@@ -972,7 +1044,8 @@ def main(argv: list[str] | None = None) -> int:
     import deltalake
 
     res["versions"] = {"deltalake": deltalake.__version__}
-    funcs = {"ingest": step_ingest, "layout": step_layout, "queries": step_queries,
+    funcs = {"ingest": step_ingest, "pack": step_pack, "layout": step_layout,
+             "compact": step_compact, "queries": step_queries,
              "s3": step_s3, "race": step_race, "kill": step_kill, "snapshot": step_snapshot}
     for step in a.only.split(","):
         t = time.perf_counter()
