@@ -1050,7 +1050,11 @@ def main(argv: list[str] | None = None) -> int:
     for step in a.only.split(","):
         t = time.perf_counter()
         funcs[step](a, res)
-        print(f"[{step}: {time.perf_counter() - t:.0f} s]", file=sys.stderr, flush=True)
+        load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+        print(f"[{step}: {time.perf_counter() - t:.0f} s; {time.strftime('%H:%M:%S')} UTC, "
+              f"load average {load}]", file=sys.stderr, flush=True)
+        res.setdefault("when", {})[step] = {"end": time.strftime("%Y-%m-%d %H:%M:%S"),
+                                            "loadavg": os.getloadavg()}
         if a.json:
             a.json.write_text(json.dumps(res, indent=1, default=str))
     return 0
