@@ -460,13 +460,23 @@ def step_layout(a: argparse.Namespace, res: dict[str, Any]) -> None:
 
 def step_compact(a: argparse.Namespace, res: dict[str, Any]) -> None:
     """The pack's counterpart in Delta: a copy of the ``job`` shape whose every table is
-    rewritten into one file (the batch files' row groups copied in order: still one per
-    rank) and committed as one transaction of removes and adds (``dataChange`` false)."""
+    rewritten into one file, rows in rank order, and committed as one transaction of removes
+    and adds (``dataChange`` false); ``compact`` keeps one row group per rank,
+    ``compactbig`` writes row groups of 122,880 rows as the pack does."""
+    for shape, group_rows in (("compact", None), ("compactbig", 122_880)):
+        compact_one(a, res, shape, group_rows)
+
+
+def compact_one(a: argparse.Namespace, res: dict[str, Any], shape: str,
+                group_rows: int | None) -> None:
+    """``group_rows`` None: one row group per rank; else row groups of that many rows (as
+    the pack's DuckDB COPY writes them), ranks sharing them."""
+    import pyarrow as pa
     import pyarrow.parquet as pq
     from deltalake import DeltaTable
     from deltalake.transaction import CommitProperties, RemoveAction
 
-    src, dst = delta_root(a, "job"), delta_root(a, "compact")
+    src, dst = delta_root(a, "job"), delta_root(a, shape)
     shutil.rmtree(dst, ignore_errors=True)
     shutil.copytree(src, dst)
     t0 = time.process_time()
@@ -480,18 +490,25 @@ def step_compact(a: argparse.Namespace, res: dict[str, Any]) -> None:
     for t, paths in sorted(by_table.items()):
         paths.sort()
         rel = f"table={t}/{tag}.parquet"
+        (dst / rel).parent.mkdir(parents=True, exist_ok=True)
         first = pq.ParquetFile(dst / paths[0])
         names = first.schema_arrow.names
         rows, ranks = 0, []
         with pq.ParquetWriter(dst / rel, first.schema_arrow, compression="zstd",
                               use_dictionary=ingest_dictionary(names)) as w:
+            groups = []
             for p in paths:
                 f = pq.ParquetFile(dst / p)
                 for i in range(f.num_row_groups):
                     g = f.read_row_group(i)
-                    w.write_table(g, row_group_size=1 << 20)
                     rows += g.num_rows
                     ranks += [g.column("rank")[0].as_py()]
+                    if group_rows is None:
+                        w.write_table(g, row_group_size=1 << 20)
+                    else:
+                        groups.append(g)
+            if groups:
+                w.write_table(pa.concat_tables(groups), row_group_size=group_rows)
         facts = {"rows": rows, "size": (dst / rel).stat().st_size, "min_rank": min(ranks),
                  "max_rank": max(ranks)}
         add = add_action(rel, facts, {"table": t})
@@ -504,10 +521,12 @@ def step_compact(a: argparse.Namespace, res: dict[str, Any]) -> None:
                                 commit_properties=CommitProperties(
                                     custom_metadata={"tracetool": "compact"}))
     cpu = time.process_time() - t0
-    res["compact"] = {"cpu_s": cpu, "tables": len(by_table),
-                      "files_before": sum(len(v) for v in by_table.values())}
-    print(f"compact (delta job, {a.ranks} ranks): {res['compact']['files_before']} files -> "
-          f"{len(by_table)} in one commit, {cpu:.1f} CPU-s", flush=True)
+    res[shape] = {"cpu_s": cpu, "tables": len(by_table), "row_group_rows": group_rows,
+                  "files_before": sum(len(v) for v in by_table.values())}
+    print(f"{shape} (delta job, {a.ranks} ranks, row groups "
+          f"{'of one rank' if group_rows is None else f'of {group_rows:,} rows'}): "
+          f"{res[shape]['files_before']} files -> {len(by_table)} in one commit, "
+          f"{cpu:.1f} CPU-s", flush=True)
 
 
 # --------------------------------------------------------------------------- step: queries
@@ -553,8 +572,10 @@ def query_child(fmt: str, root: str, view: str) -> dict[str, Any]:
 
 def step_queries(a: argparse.Namespace, res: dict[str, Any]) -> None:
     roots = {"today": str(today_store(a)), "tables": str(delta_root(a, "tables")),
-             "job": str(delta_root(a, "job")), "compact": str(delta_root(a, "compact"))}
-    roots = {k: v for k, v in roots.items() if Path(v).is_dir()}
+             "job": str(delta_root(a, "job")), "compact": str(delta_root(a, "compact")),
+             "compactbig": str(delta_root(a, "compactbig"))}
+    roots = {k: v for k, v in roots.items()
+             if Path(v).is_dir() and k in a.formats.split(",")}
     out: dict[str, dict[str, list[dict[str, Any]]]] = {}
     for rep in range(a.repeat):
         for view in ("startup", *VIEWS):
@@ -1033,6 +1054,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", default=",".join(STEPS), help=f"subset of: {', '.join(STEPS)}")
     ap.add_argument("--s3-ranks", type=int, default=64)
     ap.add_argument("--repeat", type=int, default=2, help="runs of each query per format")
+    ap.add_argument("--formats", default="today,tables,job,compact,compactbig",
+                    help="the queries step's formats")
     ap.add_argument("--race-commits", type=int, default=10)
     ap.add_argument("--kill-trials", type=int, default=6)
     ap.add_argument("--json", type=Path, help="also write the results here (merged)")
