@@ -71,7 +71,8 @@ sys.path.insert(0, str(HERE))
 WORK = HERE / ".work" / "table_format"
 JOB = "scale"
 VIEWS = ("collective_instances", "stragglers", "rank_clock_offsets", "step_breakdown")
-STEPS = ("ingest", "pack", "layout", "compact", "queries", "s3", "race", "kill", "snapshot")
+STEPS = ("ingest", "pack", "layout", "jobbig", "compact", "queries", "s3", "race", "kill",
+         "snapshot")
 # tables every rank of the generated job has rows in (a killed writer's reader checks these)
 EVERY_RANK = ("trace_files", "events", "gpu_ops", "profiler_steps", "cp_nodes", "rank_edges")
 
@@ -188,10 +189,13 @@ def with_job_rank(tab: Any, rank: int) -> Any:
     return tab.append_column("rank", pa.array([rank] * n, pa.int32()))
 
 
-def write_batch_file(path: Path, per_rank: list[tuple[int, Any]]) -> dict[str, Any] | None:
+def write_batch_file(path: Path, per_rank: list[tuple[int, Any]],
+                     group_rows: int | None = None) -> dict[str, Any] | None:
     """One Parquet file of a table for a batch of ranks: rows in rank order, one row group
-    per rank (two when a rank has more than 1M rows), ingest's compression and dictionary
-    columns. Returns its add-action facts, or None when the batch has no rows."""
+    per rank (two when a rank has more than 1M rows), or with ``group_rows`` row groups of
+    that many rows that ranks share; ingest's compression and dictionary columns. Returns
+    its add-action facts, or None when the batch has no rows."""
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
     rows = sum(t.num_rows for _, t in per_rank)
@@ -201,7 +205,10 @@ def write_batch_file(path: Path, per_rank: list[tuple[int, Any]]) -> dict[str, A
     path.parent.mkdir(parents=True, exist_ok=True)
     with pq.ParquetWriter(path, schema, compression="zstd",
                           use_dictionary=ingest_dictionary(schema.names)) as w:
-        for rank, t in per_rank:
+        if group_rows is not None:
+            w.write_table(pa.concat_tables([with_job_rank(t, r) for r, t in per_rank
+                                            if t.num_rows]), row_group_size=group_rows)
+        for rank, t in per_rank if group_rows is None else []:
             if t.num_rows:
                 w.write_table(with_job_rank(t, rank), row_group_size=1 << 20)
     ranks = [r for r, t in per_rank if t.num_rows]
@@ -223,8 +230,9 @@ class DeltaWriter:
     ``s3://`` URI (files uploaded create-if-absent with boto3, as today's writer does)."""
 
     def __init__(self, uri: str, shape: str, storage: dict[str, str] | None = None,
-                 local_tmp: Path | None = None) -> None:
+                 local_tmp: Path | None = None, group_rows: int | None = None) -> None:
         self.uri, self.shape, self.storage = uri, shape, storage
+        self.group_rows = group_rows
         self.tmp = local_tmp or Path(tempfile.mkdtemp(prefix="delta-bench-"))
         self.s3 = uri.startswith("s3://")
         self.tables: dict[str, Any] = {}
@@ -269,7 +277,7 @@ class DeltaWriter:
         out = {}
         for t, per_rank in batch.items():
             local = self.tmp / f"{t}-{tag}.parquet"
-            facts = write_batch_file(local, per_rank)
+            facts = write_batch_file(local, per_rank, self.group_rows)
             if facts is None:
                 continue
             # a partition's directory named hive style: polars' scan_delta (2.1) takes
@@ -455,6 +463,34 @@ def step_layout(a: argparse.Namespace, res: dict[str, Any]) -> None:
             L[f"estimate_{shape}_cpu_s"] = est
 
 
+# --------------------------------------------------------------------------- step: jobbig
+
+
+def step_jobbig(a: argparse.Namespace, res: dict[str, Any]) -> None:
+    """The ``job`` shape again with the pack's row groups (122,880 rows, ranks sharing
+    them) in its batch files: uncompacted, so many files per table, big row groups."""
+    src = today_store(a)
+    learn_schemas(src)
+    root = delta_root(a, "jobbig")
+    shutil.rmtree(root, ignore_errors=True)
+    tmp = WORK / "layout-tmp"
+    tmp.mkdir(parents=True, exist_ok=True)
+    w = DeltaWriter(str(root), "job", local_tmp=tmp, group_rows=122_880)
+    w.create()
+    cpu = 0.0
+    for b0 in range(0, a.ranks, a.batch):
+        ranks = list(range(b0, min(a.ranks, b0 + a.batch)))
+        data = {r: rank_tables(src, r) for r in ranks}
+        batch = {name: [(r, data[r][name]) for r in ranks] for name in table_names()}
+        tag = f"b{b0:07d}-{uuid.uuid4().hex[:12]}"
+        t = time.process_time()
+        w.commit(w.write_files(batch, tag), tag)
+        cpu += time.process_time() - t
+    res["jobbig"] = {"cpu_s": cpu}
+    print(f"jobbig (delta job, 122,880-row groups, {a.ranks} ranks): files and commits "
+          f"{cpu:.1f} CPU-s", flush=True)
+
+
 # --------------------------------------------------------------------------- step: compact
 
 
@@ -573,7 +609,8 @@ def query_child(fmt: str, root: str, view: str) -> dict[str, Any]:
 def step_queries(a: argparse.Namespace, res: dict[str, Any]) -> None:
     roots = {"today": str(today_store(a)), "tables": str(delta_root(a, "tables")),
              "job": str(delta_root(a, "job")), "compact": str(delta_root(a, "compact")),
-             "compactbig": str(delta_root(a, "compactbig"))}
+             "compactbig": str(delta_root(a, "compactbig")),
+             "jobbig": str(delta_root(a, "jobbig"))}
     roots = {k: v for k, v in roots.items()
              if Path(v).is_dir() and k in a.formats.split(",")}
     out: dict[str, dict[str, list[dict[str, Any]]]] = {}
@@ -1054,7 +1091,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", default=",".join(STEPS), help=f"subset of: {', '.join(STEPS)}")
     ap.add_argument("--s3-ranks", type=int, default=64)
     ap.add_argument("--repeat", type=int, default=2, help="runs of each query per format")
-    ap.add_argument("--formats", default="today,tables,job,compact,compactbig",
+    ap.add_argument("--formats", default="today,tables,job,jobbig,compact,compactbig",
                     help="the queries step's formats")
     ap.add_argument("--race-commits", type=int, default=10)
     ap.add_argument("--kill-trials", type=int, default=6)
@@ -1068,7 +1105,7 @@ def main(argv: list[str] | None = None) -> int:
 
     res["versions"] = {"deltalake": deltalake.__version__}
     funcs = {"ingest": step_ingest, "pack": step_pack, "layout": step_layout,
-             "compact": step_compact, "queries": step_queries,
+             "jobbig": step_jobbig, "compact": step_compact, "queries": step_queries,
              "s3": step_s3, "race": step_race, "kill": step_kill, "snapshot": step_snapshot}
     for step in a.only.split(","):
         t = time.perf_counter()
