@@ -498,8 +498,10 @@ def step_compact(a: argparse.Namespace, res: dict[str, Any]) -> None:
     """The pack's counterpart in Delta: a copy of the ``job`` shape whose every table is
     rewritten into one file, rows in rank order, and committed as one transaction of removes
     and adds (``dataChange`` false); ``compact`` keeps one row group per rank,
-    ``compactbig`` writes row groups of 122,880 rows as the pack does."""
-    for shape, group_rows in (("compact", None), ("compactbig", 122_880)):
+    ``compactbig`` writes row groups of 122,880 rows as the pack does, ``compactduck`` the
+    same with the pack's writer (DuckDB's ``COPY``, not pyarrow)."""
+    for shape, group_rows in (("compact", None), ("compactbig", 122_880),
+                              ("compactduck", 122_880)):
         compact_one(a, res, shape, group_rows)
 
 
@@ -527,6 +529,27 @@ def compact_one(a: argparse.Namespace, res: dict[str, Any], shape: str,
         paths.sort()
         rel = f"table={t}/{tag}.parquet"
         (dst / rel).parent.mkdir(parents=True, exist_ok=True)
+        if shape == "compactduck":
+            import duckdb
+
+            from tracetool.sqltext import literal, path_list
+
+            con = duckdb.connect()
+            con.execute(f"COPY (SELECT * FROM read_parquet({path_list([dst / p for p in paths])}"
+                        f", hive_partitioning = false)) TO {literal(str(dst / rel))} "
+                        "(FORMAT parquet, COMPRESSION zstd, ROW_GROUP_SIZE 122880)")
+            out = literal(str(dst / rel))
+            rows, lo, hi = con.execute(
+                f"SELECT count(*), min(rank), max(rank) FROM read_parquet({out})").fetchone()
+            con.close()
+            facts = {"rows": rows, "size": (dst / rel).stat().st_size, "min_rank": lo,
+                     "max_rank": hi}
+            add = add_action(rel, facts, {"table": t})
+            add.data_change = False
+            actions.append(add)
+            actions += [RemoveAction(p, False, int(time.time() * 1000), None, {"table": t})
+                        for p in paths]
+            continue
         first = pq.ParquetFile(dst / paths[0])
         names = first.schema_arrow.names
         rows, ranks = 0, []
@@ -610,7 +633,8 @@ def step_queries(a: argparse.Namespace, res: dict[str, Any]) -> None:
     roots = {"today": str(today_store(a)), "tables": str(delta_root(a, "tables")),
              "job": str(delta_root(a, "job")), "compact": str(delta_root(a, "compact")),
              "compactbig": str(delta_root(a, "compactbig")),
-             "jobbig": str(delta_root(a, "jobbig"))}
+             "jobbig": str(delta_root(a, "jobbig")),
+             "compactduck": str(delta_root(a, "compactduck"))}
     roots = {k: v for k, v in roots.items()
              if Path(v).is_dir() and k in a.formats.split(",")}
     out: dict[str, dict[str, list[dict[str, Any]]]] = {}
@@ -1091,7 +1115,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", default=",".join(STEPS), help=f"subset of: {', '.join(STEPS)}")
     ap.add_argument("--s3-ranks", type=int, default=64)
     ap.add_argument("--repeat", type=int, default=2, help="runs of each query per format")
-    ap.add_argument("--formats", default="today,tables,job,jobbig,compact,compactbig",
+    ap.add_argument("--formats",
+                    default="today,tables,job,jobbig,compact,compactbig,compactduck",
                     help="the queries step's formats")
     ap.add_argument("--race-commits", type=int, default=10)
     ap.add_argument("--kill-trials", type=int, default=6)
