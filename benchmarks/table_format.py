@@ -5,8 +5,8 @@ Nothing here changes the store. The job is scale.py's (``job_ranks``: N ranks of
 ProfilerSteps each, generated once and cached under benchmarks/.work/scale/). Steps:
 
 ``ingest``  today's store through the real CLI (``tracetool ingest DIR --store S --job scale``,
-            the pack included), wall time and CPU (user + sys of the whole process tree); then
-            ``tracetool pack`` again alone, for the pack's share.
+            the pack included), wall time and CPU (user + sys of the whole process tree).
+``pack``    ``tracetool pack`` alone (the job's current pack set aside), for the pack's share.
 ``layout``  the write path alone, from the same Arrow data (the ranks' tables read back from
             that store, not timed): (a) today's layout, one Parquet file per table per rank
             (pyarrow with ingest's settings: zstd, 128k-row groups, its dictionary columns) and
@@ -17,8 +17,13 @@ ProfilerSteps each, generated once and cached under benchmarks/.work/scale/). St
             per job, partitioned by ``table``, the union of the tables' columns as its schema:
             one commit per batch spans every table). CPU by ``time.process_time`` (delta-rs's
             threads included).
+``jobbig``  the ``job`` shape again with the pack's 122,880-row groups in its batch files.
+``compact`` the pack's counterpart: the ``job`` table with every store table rewritten into one
+            file in one commit, with one row group per rank (``compact``), 122,880-row groups
+            (``compactbig``), or those written by DuckDB's ``COPY`` as the pack is
+            (``compactduck``).
 ``queries`` the store's heavy views (scale.py's four, and ``startup``) over today's packed
-            store and over both Delta shapes, each in a fresh process: DuckDB reads the
+            store and over the Delta shapes (--formats), each in a fresh process: DuckDB reads the
             Parquet files of one Delta snapshot (``DeltaTable.file_uris`` / the add actions:
             DuckDB's delta extension cannot be installed offline, and its PyPI build is for
             DuckDB 1.4.4), behind the store's own lockdown and analysis views; row counts
