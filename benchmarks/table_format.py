@@ -238,7 +238,8 @@ class DeltaWriter:
                  local_tmp: Path | None = None, group_rows: int | None = None) -> None:
         self.uri, self.shape, self.storage = uri, shape, storage
         self.group_rows = group_rows
-        self.tmp = local_tmp or Path(tempfile.mkdtemp(prefix="delta-bench-"))
+        self.tmp = local_tmp or WORK / "writer-tmp"  # files leave it by put()
+        self.tmp.mkdir(parents=True, exist_ok=True)
         self.s3 = uri.startswith("s3://")
         self.tables: dict[str, Any] = {}
 
@@ -918,14 +919,14 @@ def step_race(a: argparse.Namespace, res: dict[str, Any]) -> None:
                     storage = m.storage
                 w = DeltaWriter(uri, "job", storage)
                 w.create()
-                local = Path(tempfile.mkdtemp()) / "seed.parquet"
+                local = WORK / "writer-tmp" / "seed.parquet"
                 pq.write_table(pa.table({"rank": pa.array([0], pa.int32()), "job": [JOB],
                                          "writer": ["seed"]}), local)
                 w.put(local, f"{uri}/table=trace_files/seed.parquet")
                 w.commit({"trace_files": ("table=trace_files/seed.parquet",
                                           {"rows": 1, "size": 1000, "min_rank": 0,
                                            "max_rank": 0})}, "seed")
-                go = Path(tempfile.mkdtemp()) / "go"
+                go = WORK / f"race-go-{uuid.uuid4().hex[:8]}"
                 procs = [subprocess.Popen(
                     [sys.executable, __file__, "_race", uri, mode, who, str(n), str(go),
                      json.dumps(storage or {})], stdout=subprocess.PIPE, text=True, env=m.env)
@@ -934,6 +935,8 @@ def step_race(a: argparse.Namespace, res: dict[str, Any]) -> None:
                     time.sleep(0.01)  # both have loaded the snapshot
                 go.touch()
                 got = [json.loads(p.communicate()[0]) for p in procs]
+                for f in (go, Path(f"{go}.A.ready"), Path(f"{go}.B.ready")):
+                    f.unlink()
                 files = snapshot_files(uri, "job", storage)["trace_files"]
                 from deltalake import DeltaTable
 
