@@ -31,8 +31,17 @@ from dataclasses import dataclass
 import numpy as np
 
 from .graph import COMM_DURATION, OP_DURATION, TRANSFER, ReplayGraph
-from .model import Scenario, cpu_work, source_gpu, target_network, weights
+from .model import (
+    Scenario,
+    cpu_busy_share,
+    cpu_work,
+    source_gpu,
+    source_network,
+    target_network,
+    weights,
+)
 from .network import collective_time
+from .transport import host_bound
 
 SMALL_KERNEL_NS = 10_000  # below this a kernel is launch/latency-bound (issue 13, item 5)
 
@@ -79,6 +88,8 @@ ERRORS: dict[str, ErrorTerm] = {
         0.07, "netlab MoE all-to-all job (4 ranks, 4 settings, 1 Gbit/s to 500 Mbit/s and "
         "2-5 ms), projected onto each other: worst error 6.8% (it does not depend on "
         "SHARED_FILL, so in and out of sample agree); fit_network_terms"),
+    "net_host": ErrorTerm(
+        0.3, "placeholder: sized by fit_network_terms from benchmarks/replay_accuracy.py"),
     "net_unknown_size": ErrorTerm(
         1.0, "collectives without a recorded size are sized from their transfer time under the "
         "source network, so their projection rests on that model twice", measured=False),
@@ -114,7 +125,8 @@ def edge_errors(graph: ReplayGraph, scenario: Scenario, w: np.ndarray
         regime = _network_regimes(graph, scenario)
         idx = np.flatnonzero(comm)
         of_edge = regime[graph.inst[idx]]
-        for term in ("net_bandwidth", "net_latency", "net_all_to_all", "net_unknown_size"):
+        for term in ("net_bandwidth", "net_latency", "net_all_to_all", "net_host",
+                     "net_unknown_size"):
             mask = np.zeros(len(w), dtype=bool)
             mask[idx[of_edge == term]] = True
             put(mask, term)
@@ -122,11 +134,17 @@ def edge_errors(graph: ReplayGraph, scenario: Scenario, w: np.ndarray
 
 
 def _network_regimes(graph: ReplayGraph, scenario: Scenario) -> np.ndarray:
-    """Per collective instance, the error term of its projection: unknown size, else latency-
-    or bandwidth-bound on the target network (latency's share of its modelled time)."""
+    """Per collective instance, the error term of its projection: unknown size, else host-
+    bound (a gloo collective the host's CPU paces on the source or the target network:
+    ``transport.host_bound``), else latency- or bandwidth-bound on the target network
+    (latency's share of its modelled time)."""
     insts = graph.insts
     out = np.full(len(insts["kind"]), "net_bandwidth", dtype=object)
     dst = target_network(graph, scenario)
+    src = source_network(graph, scenario)
+    gloo = not len(graph.ops["dur"])  # a CPU job's collectives: gloo (model.py's rule)
+    busy = (cpu_busy_share(graph) if gloo and None not in (src, dst)
+            and (src.host_cpus, dst.host_cpus) != (None, None) else np.zeros(len(out)))
     flat = None if dst is None else dataclasses.replace(
         dst, intra_node_latency=0.0, inter_node_latency=0.0, dc_latency=0.0)
     latency_bound: dict[tuple, bool] = {}  # by (kind, bytes, ranks): instances repeat
@@ -136,6 +154,9 @@ def _network_regimes(graph: ReplayGraph, scenario: Scenario) -> np.ndarray:
             out[i] = "net_all_to_all"
         elif not nbytes > 0:
             out[i] = "net_unknown_size"
+        elif gloo and dst is not None and src is not None and ranks and len(ranks) > 1 and any(
+                host_bound(x, kind, sorted(ranks), float(busy[i])) for x in (src, dst)):
+            out[i] = "net_host"
         elif dst is not None and ranks and len(ranks) > 1:
             key = (kind, float(nbytes), tuple(ranks))
             if key not in latency_bound:
@@ -236,7 +257,7 @@ def clock_band(graph: ReplayGraph, scenario: Scenario, w: np.ndarray) -> ClockBa
 
 # The network terms fitted on sample_traces/netlab (fit_network_terms); the rest of ERRORS
 # comes from the GPU pairs or is assumed.
-NETWORK_TERMS = ("net_bandwidth", "net_latency", "net_all_to_all")
+NETWORK_TERMS = ("net_bandwidth", "net_latency", "net_all_to_all", "net_host")
 NETWORK_FIT_SET = ("sample_traces/netlab: every setting of measured.json not listed in "
                    "validation.json, all job families; sized from the out-of-sample errors of "
                    "leaving each job family out of the fit of SHARED_FILL in turn")
