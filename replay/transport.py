@@ -66,8 +66,8 @@ SIM_PER_RANK = 8  # segments per rank simulated one by one; beyond, the steady s
 # of the data in benchmarks/accuracy_record.json; tests/test_accuracy_record.py fails when
 # they disagree).
 SHARED_FILL = 0.35
-SHARED_FILL_FIT_SET = ("sample_traces/netlab: every setting of measured.json not listed in "
-                       "validation.json, all job families")
+SHARED_FILL_FIT_SET = ("sample_traces/netlab: the settings of the 2026-12-01 capture (none is "
+                       "listed in validation.json), all job families")
 SHARED_FILL_GRID = tuple(round(0.05 * i, 2) for i in range(13))  # 0 to 0.6
 ELEMENT = 4  # bytes per element gloo rounds segments to (float32: DDP's gradients)
 TCP_PAYLOAD = 1448 / 1514  # payload share of a full Ethernet frame (TCP with timestamps)
@@ -81,8 +81,9 @@ TCP_MIN_RTO = 0.2  # s, RFC 6298 / Linux TCP_RTO_MIN
 # settings where the host, not the link, sets the pace are the 10 Gbit/s ones, so it rests on
 # the fit set's two (bs_10gbit, m2_10gbit, 2 ranks on the rig's 2-core VM) and is a property
 # of that VM's cores: another host's CPU may move more or less.
-GLOO_HOST_RATE = 6.0e8
-GLOO_HOST_RATE_FIT_SET = SHARED_FILL_FIT_SET
+GLOO_HOST_RATE = 8.5e8
+GLOO_HOST_RATE_FIT_SET = ("sample_traces/netlab: every setting of measured.json not listed in "
+                          "validation.json (both captures), all job families")
 GLOO_HOST_RATE_GRID = tuple(float(x) for x in range(int(3e8), int(9e8) + 1, int(0.5e8)))
 
 
