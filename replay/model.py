@@ -32,6 +32,7 @@ waits and the program's structure stay as measured):
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 
 import numpy as np
@@ -49,7 +50,7 @@ from tracetool.opwork import (
 )
 from tracetool.text import number_ranges
 
-from . import alltoall
+from . import alltoall, transport
 from .alltoall import ExpertSkew, SkewPlan, skew_plan
 from .clocks import DVFS_EXPONENT, GpuPower, PowerCap, at_clock, gpu_power, scenario_clock
 from .compute import (
@@ -80,6 +81,7 @@ from .network import (
     link_classes,
     priced_shape,
 )
+from .transport import host_bound
 
 # gloo's ring allreduce is simulated segment by segment (transport.py), quadratic in its
 # ranks: --dp-scale projects a CPU (gloo) job onto at most this many
@@ -658,45 +660,82 @@ def collective_factors(graph: ReplayGraph, scenario: Scenario
         check_dp_scale(world, scenario.dp_scale, gloo=backend == "gloo")
     src, dst, size_notes = unknown_size_networks(graph, scenario, src, dst)
     cache: dict[tuple, tuple[float, float, float, float]] = {}
+    bound: dict[tuple, tuple[float, float] | None] = {}  # per key: host-bound on the target
     sharing = 1 + overlap_share(graph)
     idle = idle_before(graph) if backend == "gloo" else np.zeros(n)
-    guessed = 0
+    shares_host = backend == "gloo" and (src.host_cpus, dst.host_cpus) != (None, None)
+    busy_src = cpu_busy_share(graph) if shares_host else np.zeros(n)
     per_pair = priced_per_pair(graph, scenario, dp)
     plan = expert_plan(graph, scenario)
-    for i in range(n):
-        ranks = insts["group_ranks"][i]
-        if len(ranks) < 2:
-            continue
-        kind = insts["kind"][i]
-        measured_s = insts["transfer_ns"][i] * 1e-9
-        nbytes = insts["bytes"][i]
-        if per_pair[i]:
-            m = alltoall.source_matrix(insts, i)  # priced per pair (alltoall.py)
-            costs[i] = alltoall.costs(src, dst, m, plan.target.get(i, m), ranks, backend,
-                                      round(idle[i], 3))
-            continue
-        if not nbytes > 0:
-            if kind not in KINDS:
-                continue  # not priced: keeps its measured transfer
-            nbytes = effective_bytes(src, kind, ranks, measured_s, backend,
-                                     round(sharing[i], 2))
-            guessed += 1
-        key = (kind, float(nbytes), tuple(ranks), bool(dp[i]), round(sharing[i], 2),
-               round(idle[i], 3))
-        if key not in cache:
-            dst_ranks = _scaled(ranks, scenario.dp_scale, world) if dp[i] else ranks
-            cache[key] = _costs(src, dst, kind, nbytes, ranks, dst_ranks, backend, *key[-2:])
-        costs[i] = cache[key]
+    guessed = int(sum(1 for i in range(n) if len(insts["group_ranks"][i]) >= 2
+                      and not insts["bytes"][i] > 0 and insts["kind"][i] in KINDS))
+
+    def price(busy_dst: np.ndarray) -> dict[tuple, tuple[float, float] | None]:
+        """Fill ``costs``; per distinct collective, its host-bound rates on the target."""
+        used: set[tuple] = set()
+        for i in range(n):
+            ranks = insts["group_ranks"][i]
+            if len(ranks) < 2:
+                continue
+            if per_pair[i]:
+                m = alltoall.source_matrix(insts, i)  # priced per pair (alltoall.py)
+                costs[i] = alltoall.costs(src, dst, m, plan.target.get(i, m), ranks, backend,
+                                          round(idle[i], 3))
+                continue
+            kind = insts["kind"][i]
+            nbytes = insts["bytes"][i]
+            if not nbytes > 0:
+                if kind not in KINDS:
+                    continue  # not priced: keeps its measured transfer
+                nbytes = effective_bytes(src, kind, ranks, insts["transfer_ns"][i] * 1e-9,
+                                         backend, round(sharing[i], 2))
+            key = (kind, float(nbytes), tuple(ranks), bool(dp[i]), round(sharing[i], 2),
+                   round(idle[i], 3), round(busy_src[i], 2), round(busy_dst[i], 2))
+            if key not in cache:
+                dst_ranks = _scaled(ranks, scenario.dp_scale, world) if dp[i] else ranks
+                cache[key] = _costs(src, dst, kind, nbytes, ranks, dst_ranks, backend,
+                                    *key[-4:])
+                bound[key] = (host_bound(dst, kind, dst_ranks, key[-1])
+                              if backend == "gloo" else None)
+            costs[i] = cache[key]
+            used.add(key)
+        return {key: bound[key] for key in used}
+
+    host_bound_on = price(busy_src)
+    if shares_host:  # the CPU work beside each collective over its projected span
+        k = transfer_factor(insts["transfer_ns"] * 1e-9, *costs.T)
+        host_bound_on = price(cpu_busy_share(graph, k))
     k = transfer_factor(insts["transfer_ns"] * 1e-9, *costs.T)
     model_ns = np.where(costs[:, 0] > 0, costs[:, 0] * 1e9, np.nan)
     unpriced = unpriced_comm_note(graph, costs[:, 0] > 0)
     notes += [unpriced] if unpriced else []
+    notes += host_bound_note(host_bound_on, dst)
     if guessed:
         notes.append(f"{guessed} collectives without a recorded size: sized from their "
                      "transfer time (the last arrival's time in them, without the waiting) "
                      "under the source network")
         notes += size_notes
     return k, model_ns, notes, costs
+
+
+def host_bound_note(bound: Mapping[tuple, tuple[float, float] | None], dst: Network
+                    ) -> list[str]:
+    """The note for a gloo projection whose collectives the host's CPU, not the link, paces
+    on the target network (``transport.host_bound``, per distinct collective): so a
+    projection onto a fast link is not read as the network's."""
+    hit = [v for v in bound.values() if v is not None]
+    if not hit:
+        return []
+    host, link = min(h for h, _ in hit), min(lk for _, lk in hit)
+    cores = (f"{dst.host_cpus} cores shared by the ranks" if dst.host_cpus is not None else
+             "a core per rank")
+    return [f"gloo is host-bound at this bandwidth: {len(hit)} of the {len(bound)} "
+            f"collectives priced (by kind, size and group) move their bytes at the host's "
+            f"rate (down to {host / 1e6:.0f} MB/s per "
+            f"rank: transport.GLOO_HOST_RATE {transport.GLOO_HOST_RATE / 1e6:.0f} MB/s a "
+            f"core, {cores}), below the link's TCP rate ({link / 1e6:.0f} MB/s): their "
+            "projected time is the CPU's, not the network's (the rate is fitted on the "
+            "netlab rig's 2-core VM; another host's CPU may move more or less)"]
 
 
 def _priced(graph: ReplayGraph) -> np.ndarray:
@@ -743,7 +782,8 @@ def unpriced_comm_note(graph: ReplayGraph, priced: np.ndarray) -> str | None:
 # the links each network setting prices (Network.link): intra-node, inter-node, datacenter
 _LINK_OF = {"intra_node_bw": {"intra"}, "intra_node_latency": {"intra"},
             "inter_node_bw": {"inter", "dc"}, "inter_node_latency": {"inter", "dc"},
-            "dc_bw": {"dc"}, "dc_latency": {"dc"}}
+            "dc_bw": {"dc"}, "dc_latency": {"dc"},
+            "host_cpus": {"intra", "inter", "dc"}}  # a gloo job's every link (its host)
 
 
 class GpuNoOp(WhatIfError):
@@ -951,6 +991,49 @@ def _by_rank(rank: np.ndarray) -> list[np.ndarray]:
     return np.split(order, cuts) if len(order) else []
 
 
+def cpu_busy_share(graph: ReplayGraph, scale: np.ndarray | None = None) -> np.ndarray:
+    """Per collective instance: the share of its span (mean over its ranks) during which the
+    rank's own CPU work (``cpu_work``) ran on its other threads: a gloo collective's bytes
+    are moved by a CPU that this work competes for when the ranks share a host's cores
+    (``transport.host_share``). ``scale``: per instance, the span's projected / measured
+    length (a collective projected shorter overlaps the backward pass it was launched in
+    more densely); None: as measured, computed once per graph."""
+    if scale is not None:
+        return _cpu_busy_share(graph, scale)
+    if "cpu_busy_share" not in graph.memo:
+        graph.memo["cpu_busy_share"] = _cpu_busy_share(graph)
+    return graph.memo["cpu_busy_share"]
+
+
+def _cpu_busy_share(graph: ReplayGraph, scale: np.ndarray | None = None) -> np.ndarray:
+    n = len(graph.insts["transfer_ns"])
+    rank, inst, t0, t1 = _comm_spans(graph)
+    if scale is not None:
+        t1 = t0 + (t1 - t0) * scale[inst]
+    own = np.flatnonzero(graph.role == COMM_DURATION)
+    track = graph.track[graph.dst[own] >> 1]
+    work = np.flatnonzero(cpu_work(graph))
+    w_slot = graph.dst[work] >> 1
+    w_rank, w_track = graph.rank[w_slot], graph.track[w_slot]
+    w0, w1 = graph.t0[graph.src[work]], graph.t0[graph.dst[work]]
+    share, count = np.zeros(n), np.zeros(n)
+    for r in np.unique(rank):
+        sel = np.flatnonzero(rank == r)
+        mine = w_rank == r
+        a, b, tr = w0[mine], w1[mine], w_track[mine]
+        for lo in range(0, len(sel), 64):  # rows of the rank's spans x its CPU work
+            rows = sel[lo:lo + 64]
+            cover = np.clip(np.minimum(t1[rows, None], b[None, :])
+                            - np.maximum(t0[rows, None], a[None, :]), 0, None)
+            cover[track[rows, None] == tr[None, :]] = 0  # the collective's own thread
+            span = t1[rows] - t0[rows]
+            ok = span > 0
+            frac = np.minimum(cover.sum(axis=1)[ok] / span[ok], 1.0)
+            np.add.at(share, inst[rows][ok], frac)
+            np.add.at(count, inst[rows][ok], 1)
+    return np.divide(share, count, out=np.zeros(n), where=count > 0)
+
+
 def idle_before(graph: ReplayGraph) -> np.ndarray:
     """Per collective instance: seconds since its ranks' previous collective ended (the
     shortest over its ranks; 0 for a rank's first one in the trace, whose past is unknown),
@@ -970,14 +1053,15 @@ def idle_before(graph: ReplayGraph) -> np.ndarray:
 
 
 def _costs(src: Network, dst: Network, kind: str, nbytes: float, ranks: list[int],
-           dst_ranks: list[int], backend: str, sharing: float, idle_s: float
+           dst_ranks: list[int], backend: str, sharing: float, idle_s: float,
+           busy_src: float = 0.0, busy_dst: float = 0.0
            ) -> tuple[float, float, float, float]:
-    """(time, added latency) of a collective on the source, then on the target network."""
+    """(time, added latency) of a collective on the source, then on the target network
+    (``busy_*``: the share of its span its ranks' CPU work ran beside it on each)."""
+    a, b = (src, kind, nbytes, ranks, backend, idle_s, sharing, busy_src), (
+        dst, kind, nbytes, dst_ranks, backend, idle_s, sharing, busy_dst)
     try:
-        return (collective_time(src, kind, nbytes, ranks, backend, idle_s, sharing),
-                added_latency(src, kind, nbytes, ranks, backend, idle_s, sharing),
-                collective_time(dst, kind, nbytes, dst_ranks, backend, idle_s, sharing),
-                added_latency(dst, kind, nbytes, dst_ranks, backend, idle_s, sharing))
+        return collective_time(*a), added_latency(*a), collective_time(*b), added_latency(*b)
     except ValueError:
         return 0.0, 0.0, 0.0, 0.0
 

@@ -71,7 +71,7 @@ _NUM = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:e[-+]?\d+)?)\s*([a-zµ/]*)\s*$", re.I
 MIN_BW, MAX_BW = 1e6 / 8, 1e15 / 8  # bytes/s
 MAX_LATENCY = 10.0  # s
 MAX_WORLD = 131_072
-COUNT_KEYS = ("gpus_per_node", "ranks_per_dc")  # whole numbers, no unit
+COUNT_KEYS = ("gpus_per_node", "ranks_per_dc", "host_cpus")  # whole numbers, no unit
 LEVELS = ("intra", "inter", "dc")  # link classes, slowest last
 
 
@@ -115,8 +115,8 @@ def parse_time(text: str | float) -> float:
 
 
 def parse_count(key: str, value: object) -> int:
-    """A spec's ``gpus_per_node`` / ``ranks_per_dc``: a whole number from 1 to MAX_WORLD
-    (InputError otherwise, naming the key)."""
+    """A spec's ``gpus_per_node`` / ``ranks_per_dc`` / ``host_cpus``: a whole number from 1
+    to MAX_WORLD (InputError otherwise, naming the key)."""
     n = None
     if isinstance(value, int) and not isinstance(value, bool):
         n = value
@@ -152,6 +152,9 @@ class Network:
     dc_latency: float = 0.0  # one-way, added to every step that crosses datacenters
     # --placement FILE: where each rank runs; None: the gpus_per_node / ranks_per_dc blocks
     placement: Placement | None = None
+    # gloo (CPU jobs) only: the job's ranks share one host's host_cpus cores, which move their
+    # collectives' bytes (transport.host_share); None: a host per rank, a core for its gloo
+    host_cpus: int | None = None
 
     @property
     def layout(self) -> Placement:
@@ -207,7 +210,7 @@ def parse_network(spec: str, base: Network | None = None) -> Network:
 def check_placement_spec(placement: Placement | None, settings: dict | list) -> None:
     """InputError for a --placement given with a network spec that sets gpus_per_node or
     ranks_per_dc: both would say where the ranks run."""
-    keys = [k for k in COUNT_KEYS if k in settings]
+    keys = [k for k in ("gpus_per_node", "ranks_per_dc") if k in settings]
     if placement is not None and keys:
         raise InputError(f"--placement {placement.source} places the ranks: give it or "
                          f"{'/'.join(keys)} in --network, not both")
@@ -345,13 +348,15 @@ def _hierarchical(net: Network, kind: str, nbytes: float, ranks: list[int], prot
 
 
 def collective_time(net: Network, kind: str, nbytes: float, ranks: list[int],
-                    backend: str = "nccl", idle_s: float = 0.0, sharing: float = 1.0
-                    ) -> float:
+                    backend: str = "nccl", idle_s: float = 0.0, sharing: float = 1.0,
+                    busy: float = 0.0) -> float:
     """Seconds for one collective of ``nbytes`` (nccl-tests' S: the reduced buffer, or the
     gathered output) over global ``ranks``: for ``backend="nccl"`` the cheapest algorithm and
     protocol, for ``"gloo"`` gloo's algorithm over TCP (``transport.py``; ``idle_s``: how long
     the connections were idle before it, for TCP's slow start after idle; ``sharing``: how
-    many collectives were in flight on them at once, whose messages fill each other's waits).
+    many collectives were in flight on them at once, whose messages fill each other's waits;
+    ``busy``: the share of its span its ranks' own CPU work ran beside it, which competes for
+    a shared host's cores: ``transport.host_share``).
 
     kind: one of KINDS, the names of collective_ranks.kind (analysis/sql/40_collectives.sql
     normalises what PyTorch records); ValueError for any other."""
@@ -363,7 +368,7 @@ def collective_time(net: Network, kind: str, nbytes: float, ranks: list[int],
     if len(ranks) < 2 or nbytes <= 0:
         return 0.0
     if backend == "gloo":
-        return gloo_time(net, kind, nbytes, ranks, idle_s, sharing)
+        return gloo_time(net, kind, nbytes, ranks, idle_s, sharing, busy)
     if kind in ("send", "recv"):
         a, b = ranks[0], ranks[-1]
         return min(BASE_US[p] * 1e-6 + _steps_time(
@@ -398,13 +403,14 @@ BACKENDS = ("nccl", "gloo")
 
 
 def added_latency(net: Network, kind: str, nbytes: float, ranks: list[int],
-                  backend: str = "nccl", idle_s: float = 0.0, sharing: float = 1.0) -> float:
+                  backend: str = "nccl", idle_s: float = 0.0, sharing: float = 1.0,
+                  busy: float = 0.0) -> float:
     """The part of ``collective_time`` the network's latencies add: the time minus the same
     collective on the same links with no added latency (``*_latency`` = 0). It does not
     scale with a measured transfer's efficiency (propagation is physics), the rest does."""
     flat = replace(net, intra_node_latency=0.0, inter_node_latency=0.0, dc_latency=0.0)
-    return (collective_time(net, kind, nbytes, ranks, backend, idle_s, sharing)
-            - collective_time(flat, kind, nbytes, ranks, backend, idle_s, sharing))
+    return (collective_time(net, kind, nbytes, ranks, backend, idle_s, sharing, busy)
+            - collective_time(flat, kind, nbytes, ranks, backend, idle_s, sharing, busy))
 
 
 # the collective kinds the model prices: collective_ranks.kind values (the SQL macro

@@ -25,9 +25,21 @@ kernel's default too). After an idle longer than the retransmission timeout (RFC
 4.1, Linux ``tcp_slow_start_after_idle=1``, RTO >= 200 ms, RFC 6298 / ``TCP_RTO_MIN``) the
 window restarts at 10 segments (RFC 6928) and doubles per round trip (slow start).
 
+The host: every byte a rank sends or receives also costs its CPU (gloo's runloop thread
+copies it into and out of the socket, reduces it, and the kernel runs TCP for it; on one
+machine both ends' TCP run on the same cores). Segments stream, so the host's work on one
+overlaps the link's on the next: a segment goes at ``min(TCP rate, host rate)`` (the slower
+of the two sets the pace; measured on the rig: the 2-rank job at 1 Gbit/s is at its link's
+time, at 10 Gbit/s its one 16.8 MB bucket takes 26.8 ms where the link alone would take 14:
+``max``, not a sum, which would give 167 ms at 1 Gbit/s against 144 measured). The host rate
+is GLOO_HOST_RATE, what one core moves, times the share of a core a rank's gloo thread gets:
+1 unless the network says the ranks share ``host_cpus`` cores, then ``host_cpus / (ranks x
+(1 + busy))``, ``busy`` the share of the collective's span the rank's own CPU work ran beside
+it (from the trace: a bucket overlapping backward competes with it; ``host_share``).
+
 Latencies are one-way, the same input as the NCCL model's per-step latency: the link's
-``*_latency`` of ``Network``. Everything above is from the sources named; the one fitted
-constant is SHARED_FILL (its fit set and its fit, ``fit_shared_fill``: below). Measured
+``*_latency`` of ``Network``. Everything above is from the sources named; the fitted constants
+are SHARED_FILL and GLOO_HOST_RATE (their fit sets and fits, ``fit_minimax``: below). Measured
 errors, in and out of sample: ``benchmarks/replay_accuracy.py`` (README.md, "Network model").
 """
 
@@ -54,27 +66,71 @@ SIM_PER_RANK = 8  # segments per rank simulated one by one; beyond, the steady s
 # of the data in benchmarks/accuracy_record.json; tests/test_accuracy_record.py fails when
 # they disagree).
 SHARED_FILL = 0.35
-SHARED_FILL_FIT_SET = ("sample_traces/netlab: every setting of measured.json not listed in "
-                       "validation.json, all job families")
+SHARED_FILL_FIT_SET = ("sample_traces/netlab: the settings of the 2026-12-01 capture (none is "
+                       "listed in validation.json), all job families")
 SHARED_FILL_GRID = tuple(round(0.05 * i, 2) for i in range(13))  # 0 to 0.6
 ELEMENT = 4  # bytes per element gloo rounds segments to (float32: DDP's gradients)
 TCP_PAYLOAD = 1448 / 1514  # payload share of a full Ethernet frame (TCP with timestamps)
 TCP_WINDOW = 4 << 20  # bytes, Linux net.ipv4.tcp_wmem max (4 MiB)
 TCP_INIT_CWND = 10 * 1448  # bytes, RFC 6928 initial window, 10 segments of MSS 1448
 TCP_MIN_RTO = 0.2  # s, RFC 6298 / Linux TCP_RTO_MIN
+# Payload bytes/s one core moves through a gloo collective (copy in and out of the socket,
+# the reduction, both ends' TCP on the same machine): the host's rate, which caps a segment's
+# beside the link's (module docstring). Fitted (fit_minimax over GLOO_HOST_RATE_GRID, run by
+# benchmarks/replay_accuracy.py like SHARED_FILL's) on GLOO_HOST_RATE_FIT_SET: the only
+# settings where the host, not the link, sets the pace are the 10 Gbit/s ones, so it rests on
+# the fit set's two (bs_10gbit, m2_10gbit, 2 ranks on the rig's 2-core VM) and is a property
+# of that VM's cores: another host's CPU may move more or less.
+GLOO_HOST_RATE = 8.5e8
+GLOO_HOST_RATE_FIT_SET = ("sample_traces/netlab: every setting of measured.json not listed in "
+                          "validation.json (both captures), all job families")
+GLOO_HOST_RATE_GRID = tuple(float(x) for x in range(int(3e8), int(9e8) + 1, int(0.5e8)))
 
 
-def fit_shared_fill(worst: Mapping[float, float]) -> float:
-    """SHARED_FILL fitted on a set of netlab jobs: ``worst`` maps each grid value (normally
-    SHARED_FILL_GRID) to the worst |error| of the mean projected step over the fit set's
-    pairs (each setting's trace projected onto every other setting of its job) with
-    SHARED_FILL at that value. The fit is the value whose worst error is least (minimax: the
-    band is sized by worst errors); among equal ones the smallest, so a fit set that does not
-    depend on the constant (no collective shares a connection, or no job at all) gives 0, the
-    model with no fitted effect."""
+def fit_minimax(worst: Mapping[float, float]) -> float:
+    """A constant fitted on a set of netlab jobs: ``worst`` maps each grid value (its
+    ``*_GRID``) to the worst |error| of the mean projected step over the fit set's pairs (each
+    setting's trace projected onto every other setting of its job) with the constant at that
+    value. The fit is the value whose worst error is least (minimax: the band is sized by
+    worst errors); among equal ones the smallest, so a fit set that does not depend on
+    SHARED_FILL (no collective shares a connection, or no job at all) gives 0, the model with
+    no fitted effect."""
     if not worst:
         return 0.0
     return min(worst, key=lambda f: (worst[f], f))
+
+
+fit_shared_fill = fit_minimax  # SHARED_FILL's fit (its name in the benchmark and tests)
+
+
+@contextmanager
+def host_rate(value: float) -> Iterator[None]:
+    """Replay with GLOO_HOST_RATE at ``value`` bytes/s (a fit's rotations); restored on exit."""
+    global GLOO_HOST_RATE
+    if not value > 0:
+        raise ValueError(f"host rate {value} not > 0")
+    old, GLOO_HOST_RATE = GLOO_HOST_RATE, value
+    try:
+        yield
+    finally:
+        GLOO_HOST_RATE = old
+
+
+def host_share(net: Network, n: int, busy: float = 0.0) -> float:
+    """The share of a core a rank's gloo thread gets during a collective over ``n`` ranks:
+    1 when the network does not say the ranks share cores (``host_cpus`` unset: a host per
+    rank, its gloo thread on a core of its own); else the host's ``host_cpus`` cores over
+    the threads that want them, each rank's gloo thread and, for the share ``busy`` of the
+    span its own CPU work ran beside it, that work's thread too (at most 1)."""
+    cpus = net.host_cpus
+    if cpus is None:
+        return 1.0
+    return min(1.0, cpus / (n * (1 + min(max(busy, 0.0), 1.0))))
+
+
+def gloo_host_rate(net: Network, n: int, busy: float = 0.0) -> float:
+    """Payload bytes/s a rank's CPU moves through a gloo collective over ``n`` ranks."""
+    return GLOO_HOST_RATE * host_share(net, n, busy)
 
 
 @contextmanager
@@ -176,23 +232,26 @@ def _ring(nbytes: float, lat: np.ndarray, rate: np.ndarray, extra: np.ndarray | 
 
 
 def gloo_time(net: Network, kind: str, nbytes: float, ranks: list[int],
-              idle_s: float = 0.0, sharing: float = 1.0) -> float:
+              idle_s: float = 0.0, sharing: float = 1.0, busy: float = 0.0) -> float:
     """Seconds of one gloo collective over global ``ranks`` (sorted, >= 2) on ``net``;
-    ``sharing``: collectives in flight on the same connections at once (>= 1)."""
+    ``sharing``: collectives in flight on the same connections at once (>= 1); ``busy``:
+    the share of its span its ranks' own CPU work ran beside it (``host_share``)."""
     n = len(ranks)
+    host = gloo_host_rate(net, n, busy)
     paths = [path(net, q, ranks[(k - 1) % n]) for k, q in enumerate(ranks)]
     lat = np.array([d for d, _ in paths])
-    rate = np.array([tcp_rate(bw, 2 * d) for d, bw in paths])
+    link = np.array([tcp_rate(bw, 2 * d) for d, bw in paths])
+    rate = np.minimum(link, host)
     extra = np.array([slow_start_extra(min(nbytes / n, GLOO_MAX_SEGMENT), r, 2 * d, idle_s)
-                      for d, r in zip(lat, rate, strict=True)])
+                      for d, r in zip(lat, link, strict=True)])
     first = float(extra.max())
     if kind == "allreduce":
         return ring_allreduce(nbytes, lat, rate, extra, sharing)
     if kind == "all_to_all":  # one rendezvous; n - 1 connections share the rank's link
         peers = [path(net, ranks[0], r) for r in ranks[1:]]
         d, bw = max(p[0] for p in peers), min(p[1] for p in peers)
-        return 2 * d + first + (n - 1) * (nbytes / n) / tcp_rate(bw, 2 * d,
-                                                                  (n - 1) * TCP_WINDOW)
+        r = min(tcp_rate(bw, 2 * d, (n - 1) * TCP_WINDOW), host)
+        return 2 * d + first + (n - 1) * (nbytes / n) / r
     d, r = float(lat.max()), float(rate.min())
     message = 2 * d  # rendezvous: the notice one way, the data the other
     if kind in ("allgather", "reduce_scatter"):
@@ -200,3 +259,22 @@ def gloo_time(net: Network, kind: str, nbytes: float, ranks: list[int],
     if kind in ("broadcast", "reduce"):
         return first + math.ceil(math.log2(n)) * (message + nbytes / r)
     return first + message + nbytes / r  # send / recv
+
+
+def host_bound(net: Network, kind: str, ranks: list[int], busy: float = 0.0
+               ) -> tuple[float, float] | None:
+    """(host rate, link rate), payload bytes/s per rank, when a gloo collective over
+    ``ranks`` on ``net`` moves its bytes at the host's rate, below its slowest connection's
+    TCP rate (``gloo_time``); None when the link sets the pace."""
+    n = len(ranks)
+    if n < 2:
+        return None
+    host = gloo_host_rate(net, n, busy)
+    if kind == "all_to_all":
+        peers = [path(net, ranks[0], r) for r in ranks[1:]]
+        d, bw = max(p[0] for p in peers), min(p[1] for p in peers)
+        link = tcp_rate(bw, 2 * d, (n - 1) * TCP_WINDOW)
+    else:
+        link = min(tcp_rate(bw, 2 * d) for d, bw in
+                   (path(net, q, ranks[(k - 1) % n]) for k, q in enumerate(ranks)))
+    return (host, link) if host < link else None
