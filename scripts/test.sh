@@ -9,7 +9,10 @@ if ! command -v chromium >/dev/null && [ "$(id -u)" = 0 ] && command -v apt-get 
     >/dev/null 2>&1 || echo "note: could not install chromium; the browser test will be skipped"
 fi
 .venv/bin/ruff check .
-# two workers, a test file each at a time (its module fixtures stay in one process): 6-16 min
-# here (5:43 on 2026-11-30; 15:34 on 2026-12-01, a day benchmarks/machine.py ran 1.5-1.9x
-# slower), about half of one after the other; the 30 slowest tests say what to trim
-.venv/bin/python -m pytest -q -n 2 --dist loadfile --durations=30 "$@"
+# two workers, a test file each at a time (its module fixtures stay in one process), the
+# slowest files first (tests/conftest.py SLOW_FIRST; --no-loadscope-reorder keeps that order
+# instead of xdist's by number of tests, which started the 1-test fuzz file last); stores
+# several files read are built once per session (conftest shared_store). 23:22 on
+# 2026-12-03 at loadavg 5-8 (28:58 CPU; 75:11 and 31:47 CPU before, at loadavg 15-20);
+# the 30 slowest tests say what to trim
+.venv/bin/python -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder --durations=30 "$@"

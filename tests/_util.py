@@ -13,8 +13,24 @@ from tracetool.cli import cli
 from tracetool.store_views import connect_store
 
 REPO = Path(__file__).resolve().parent.parent
-SHARED_TRACES = REPO.parent / "shared" / "traces"
 SAMPLES = REPO / "sample_traces" / "ddp_gloo_2rank"
+
+# The shared, read-only corpus of real traces (the repo root's sibling ../shared/traces) and
+# the corpus paths several test modules read: one home each (relative forms: ``corpus_rel``).
+SHARED_TRACES = REPO.parent / "shared" / "traces"
+HTA_DATA = SHARED_TRACES / "facebookresearch__HolisticTraceAnalysis/tests/data"
+HTA_CP = HTA_DATA / "critical_path"
+TRACELENS = SHARED_TRACES / "AMD-AGI__TraceLens/tests/traces"
+# 8 ranks of DLRM on V100s (2023): the corpus's one multi-rank GPU job with collectives
+DLRM = SHARED_TRACES / "facebookresearch__param/et_replay/tests/inputs/dlrm_kineto/dlrm_kineto"
+# the 2021 BERT pair (DDP over NCCL, fp16), 2 ranks
+BERT_DDP = SHARED_TRACES / "gaoteng-git__kineto/tb_plugin/test/data/tracing/bert_newAPI_fp16_ddp"
+B200 = TRACELENS / "b200/eager_trace.json.gz"
+
+
+def corpus_rel(path: Path) -> str:
+    """A corpus path relative to SHARED_TRACES, as the tests that name files by it write it."""
+    return path.relative_to(SHARED_TRACES).as_posix()
 
 
 def kineto_text(events: list[dict], *, rank: int | None = 0, base: int | None = None,

@@ -137,4 +137,4 @@ def test_damaged_real_trace_never_tracebacks_and_always_conserves(
             assert rows <= row[1]
         else:
             assert rows == row[1]
-        string_columns_work(store, views=False)
+        string_columns_work(store, views=False, con=con)

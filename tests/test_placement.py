@@ -16,7 +16,7 @@ import pytest
 
 import tracetool
 from tests._util import run
-from tests.conftest import TRACES_DIR, run_ingest
+from tests.conftest import run_ingest
 from tracetool.errors import InputError
 from tracetool.replay.model import (
     NetworkNoOp,
@@ -29,7 +29,6 @@ from tracetool.replay.network import Network, collective_time, parse_network
 from tracetool.replay.placement import Placement, read_placement
 from tracetool.replay.run import Replayer, collective_listing
 
-DLRM = TRACES_DIR / "facebookresearch__param/et_replay/tests/inputs/dlrm_kineto/dlrm_kineto"
 DC = "dc_latency=4.9ms,dc_bw=100Gbit/s"
 
 
@@ -153,11 +152,8 @@ def test_a_placement_and_the_shorthand_together_are_refused(tmp_path: Path) -> N
 
 
 @pytest.fixture(scope="module")
-def dlrm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, Replayer]]:
-    if not DLRM.is_dir():
-        pytest.skip("DLRM corpus trace not found")
-    store = tmp_path_factory.mktemp("placement") / "store"
-    assert run_ingest([DLRM], store, "--job", "dlrm").exit_code == 0
+def dlrm(dlrm_store: Path) -> Iterator[tuple[Path, Replayer]]:
+    store = dlrm_store  # read-only, shared by the session (tests/conftest.py)
     c = tracetool.connect(store)  # the graph reads op details on first use
     yield store, Replayer.from_store(c, "dlrm")
     c.close()

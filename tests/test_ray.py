@@ -42,8 +42,9 @@ def in_netns(script: str, timeout: float = 300) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.skipif(not DLRM.is_dir(), reason=f"corpus not found: {DLRM}")
-def test_ray_executor_writes_the_same_tables_as_the_local_one(tmp_path: Path) -> None:
-    on_ray, local = tmp_path / "ray", tmp_path / "local"
+def test_ray_executor_writes_the_same_tables_as_the_local_one(tmp_path: Path,
+                                                              dlrm_store: Path) -> None:
+    on_ray = tmp_path / "ray"
     q = shlex.quote
     r = in_netns(f"""
         ray start --head --node-ip-address=127.0.0.1 --port=6399 --num-cpus=2 \\
@@ -57,9 +58,7 @@ def test_ray_executor_writes_the_same_tables_as_the_local_one(tmp_path: Path) ->
     results = [json.loads(line) for line in r.stdout.splitlines()]
     assert sorted(x["rank"] for x in results) == list(range(8))
     assert {x["status"] for x in results} == {"ingested"}
-    code, _, err = run("ingest", DLRM, "--store", local, "--job", "dlrm")
-    assert code == 0, err
-    a, b = tables(on_ray), tables(local)
+    a, b = tables(on_ray), tables(dlrm_store)  # the local executor's (the shared store)
     assert len(a["events"]) > 10_000 and len(a["trace_files"]) == 8
     for name in a:
         assert a[name] == b[name], name
@@ -84,16 +83,6 @@ def test_ray_missing_is_a_usage_error(tmp_path: Path, monkeypatch: pytest.Monkey
     code, _, err = run("ingest", f, "--store", tmp_path / "s", "--executor", "ray")
     assert code == 2 and "--executor ray needs Ray: pip install 'tracetool[ray]'" in err
     assert not (tmp_path / "s" / "data").exists()
-
-
-@pytest.fixture(scope="module")
-def dlrm_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    if not DLRM.is_dir():
-        pytest.skip(f"corpus not found: {DLRM}")
-    store = tmp_path_factory.mktemp("dlrm") / "store"
-    code, _, err = run("ingest", DLRM, "--store", store, "--job", "dlrm")
-    assert code == 0, err
-    return store
 
 
 def test_report_per_rank_tasks_on_ray_give_the_same_report(dlrm_store: Path,

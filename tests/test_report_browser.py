@@ -13,10 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from ._util import SHARED_TRACES, run
+from ._util import DLRM, run
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-DLRM = SHARED_TRACES / "facebookresearch__param/et_replay/tests/inputs/dlrm_kineto/dlrm_kineto"
 BERT = (SHARED_TRACES / "AMD-AGI__TraceLens/tests/traces/h100/"
         "gaunernst_bert-small-uncased__1016001.json.gz")
 pytestmark = [
@@ -43,10 +42,9 @@ def chromium(*args: str) -> subprocess.CompletedProcess:
 
 
 @pytest.fixture(scope="module")
-def report(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def report(tmp_path_factory: pytest.TempPathFactory, dlrm_store: Path) -> Path:
     tmp = tmp_path_factory.mktemp("browser")
-    assert run("ingest", DLRM, "--store", tmp / "store", "--job", "dlrm")[0] == 0
-    code, _, err = run("report", tmp / "store", "--out", tmp / "report")
+    code, _, err = run("report", dlrm_store, "--out", tmp / "report")
     assert code == 0, err
     return tmp / "report"
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -11,17 +12,12 @@ import tracetool
 from tracetool.analysis.critical_path import critical_path, critical_path_summary
 from tracetool.ingest.pipeline import Options, ingest
 
-from ._util import SAMPLES, SHARED_TRACES, run
-
-DLRM = SHARED_TRACES / "facebookresearch__param/et_replay/tests/inputs/dlrm_kineto/dlrm_kineto"
-BERT_DDP = SHARED_TRACES / "gaoteng-git__kineto/tb_plugin/test/data/tracing/bert_newAPI_fp16_ddp"
+from ._util import BERT_DDP, DLRM, SAMPLES, run
 
 
 @pytest.fixture(scope="module")
-def gloo(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    store = tmp_path_factory.mktemp("rough") / "store"
-    assert all(r.status == "ingested" for r in ingest([SAMPLES], Options(store, job="gloo")))
-    return store
+def gloo(shared_store: Callable[[str], Path]) -> Path:
+    return shared_store("gloo")
 
 
 def test_sql_keeps_duckdbs_did_you_mean(gloo: Path) -> None:
@@ -47,9 +43,8 @@ def test_a_typo_in_the_job_names_the_jobs(gloo: Path) -> None:
 
 
 @pytest.mark.skipif(not DLRM.is_dir(), reason=f"corpus not found: {DLRM}")
-def test_ns_columns_are_bigint_in_polars(tmp_path: Path) -> None:
-    store = tmp_path / "store"
-    ingest([DLRM], Options(store, job="dlrm"))
+def test_ns_columns_are_bigint_in_polars(dlrm_store: Path) -> None:
+    store = dlrm_store
     con = tracetool.connect(store)
     frame = con.sql("SELECT * FROM kernel_summary WHERE job = 'dlrm'").pl()
     assert str(frame.schema["total_ns"]) == "Int64"
@@ -69,10 +64,10 @@ def test_ns_columns_are_bigint_in_polars(tmp_path: Path) -> None:
 
 
 @pytest.mark.skipif(not BERT_DDP.is_dir(), reason=f"corpus not found: {BERT_DDP}")
-def test_unknown_collective_sizes_show_as_unknown(tmp_path: Path) -> None:
+def test_unknown_collective_sizes_show_as_unknown(tmp_path: Path,
+                                                  shared_store: Callable[[str], Path]) -> None:
     """The 2021 BERT DDP pair records no message sizes: the report says unknown, not 0.0."""
-    store = tmp_path / "store"
-    ingest([BERT_DDP], Options(store, job="bert"))
+    store = shared_store("bert_ddp")
     code, stdout, err = run("report", store, "--out", tmp_path / "report", "--json")
     assert code == 0, err
     by_type = json.loads(stdout)["collectives"]["by_type"]
@@ -163,12 +158,12 @@ def test_a_big_sweep_is_curves_and_facets_not_36_bars(tmp_path: Path) -> None:
 
 
 @pytest.mark.skipif(not DLRM.is_dir(), reason=f"corpus not found: {DLRM}")
-def test_the_report_shows_a_step_timeline_of_the_median_step(tmp_path: Path) -> None:
+def test_the_report_shows_a_step_timeline_of_the_median_step(tmp_path: Path,
+                                                             dlrm_store: Path) -> None:
     """The step is the complete job step of median duration; the ranks are the lowest and
     the one holding most of that step's critical path; the Perfetto file beside the picture
     holds those ranks' events of the step (and the ranks the path visits) and the path."""
-    store = tmp_path / "store"
-    ingest([DLRM], Options(store, job="dlrm"))
+    store = dlrm_store
     code, stdout, err = run("report", store, "--out", tmp_path / "r", "--json")
     assert code == 0, err
     st = json.loads(stdout)["step_timeline"]

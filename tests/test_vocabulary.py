@@ -4,27 +4,22 @@ leaves nothing else in the caller's connection."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 import tracetool
-from tracetool.ingest.pipeline import Options, ingest
 from tracetool.replay import Replayer
 
-from ._util import SAMPLES, SHARED_TRACES
-
-DLRM = SHARED_TRACES / "facebookresearch__param/et_replay/tests/inputs/dlrm_kineto/dlrm_kineto"
+from ._util import SHARED_TRACES
 
 
 @pytest.fixture(scope="module")
-def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    s = tmp_path_factory.mktemp("vocabulary") / "store"
-    assert all(r.status == "ingested" for r in ingest([SAMPLES], Options(store=s, job="gloo")))
-    if SHARED_TRACES.is_dir():
-        assert all(r.status == "ingested" for r in ingest([DLRM], Options(store=s, job="dlrm")))
-    return s
+def store(shared_store: Callable[[str], Path]) -> Path:
+    """Job gloo (the sample) and, with the corpus, job dlrm: read-only, shared."""
+    return shared_store("gloo_dlrm" if SHARED_TRACES.is_dir() else "gloo")
 
 
 def _objects(con) -> set[str]:  # noqa: ANN001

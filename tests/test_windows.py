@@ -6,27 +6,22 @@ from __future__ import annotations
 
 import gzip
 import json
+from collections.abc import Callable
 from decimal import Decimal
 from pathlib import Path
 
 import pytest
 
-from tracetool.ingest.pipeline import Options, ingest
+from ._util import DLRM, SAMPLES, SHARED_TRACES, run
 
-from ._util import SAMPLES, SHARED_TRACES, run
-
-DLRM = SHARED_TRACES / "facebookresearch__param/et_replay/tests/inputs/dlrm_kineto/dlrm_kineto"
 GLOO_NET = ["--source-network", "gpus_per_node=1,inter_node_bw=1Gbit/s"]
 FORWARD = "## forward ##"
 
 
 @pytest.fixture(scope="module")
-def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    s = tmp_path_factory.mktemp("windows") / "store"
-    assert all(r.status == "ingested" for r in ingest([SAMPLES], Options(store=s, job="gloo")))
-    if SHARED_TRACES.is_dir():
-        assert all(r.status == "ingested" for r in ingest([DLRM], Options(store=s, job="dlrm")))
-    return s
+def store(shared_store: Callable[[str], Path]) -> Path:
+    """Job gloo (the sample) and, with the corpus, job dlrm: read-only, shared."""
+    return shared_store("gloo_dlrm" if SHARED_TRACES.is_dir() else "gloo")
 
 
 def _ns(v: object) -> int:

@@ -185,7 +185,7 @@ GPU_OPS = Table(
         _c("kind", STR, "kernel, memcpy or memset. A device op of another accelerator is a "
            "memcpy when its name starts with dma (MTIA's DMA transfers), else a kernel; its "
            "event records and waits (event_record, event_wait) synchronize streams and are not "
-           "GPU ops (tracetool/ingest/kinds.py)."),
+           "GPU ops (ingest/kinds.py)."),
         _c("name", STR, "Kernel or copy name."),
         _c("device", I32, "GPU (or accelerator) index (args.device, else pid)."),
         _c("stream", I64, "Stream id (args.stream, else tid)."),
