@@ -13,10 +13,9 @@ from pathlib import Path
 import pytest
 
 import tracetool
-from tests._util import SHARED_TRACES, run
+from tests._util import SHARED_TRACES, TRACELENS, run
 
-BERT = (SHARED_TRACES / "AMD-AGI__TraceLens/tests/traces/h100/"
-        "gaunernst_bert-small-uncased__1016001.json.gz")
+BERT = TRACELENS / "h100/gaunernst_bert-small-uncased__1016001.json.gz"
 RESNET_2021 = (SHARED_TRACES / "pytorch__kineto/tb_plugin/samples/resnet50_num_workers_0/"
                "worker0.1623143089861.pt.trace.json.gz")
 CUPTI = (SHARED_TRACES / "facebookresearch__HolisticTraceAnalysis/tests/data/cupti_profiler/"

@@ -13,11 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from ._util import DLRM, run
+from ._util import DLRM, TRACELENS, run
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-BERT = (SHARED_TRACES / "AMD-AGI__TraceLens/tests/traces/h100/"
-        "gaunernst_bert-small-uncased__1016001.json.gz")
+BERT = TRACELENS / "h100/gaunernst_bert-small-uncased__1016001.json.gz"
 pytestmark = [
     pytest.mark.skipif(CHROMIUM is None, reason="Chromium not found: apt-get install chromium "
                        "(scripts/test.sh installs it when run as root)"),
