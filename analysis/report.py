@@ -914,7 +914,7 @@ def collective_links_section(rows: list[dict[str, Any]], where: str, top: int = 
     cols = [("kind", lambda r: r["kind"]), ("group", lambda r: number_ranges(r["group"])),
             ("links", lambda r: "+".join(r["links"] or ["?"])),
             ("n", lambda r: str(r["instances"])),
-            ("MB", lambda r: f"{r['bytes'] / 1e6:.3f}" if r["sized"] else "?"),
+            ("MB", lambda r: f"{r['bytes'] / 1e6:.3f}" if r["sized"] else "unknown"),
             ("transfer ms", lambda r: _ms(r["measured_transfer_ns"])),
             ("projected ms", lambda r: _ms(r["projected_transfer_ns"])),
             ("exposed ms", lambda r: _ms(r["measured_exposed_ns"])),

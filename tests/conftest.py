@@ -195,3 +195,14 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The SLOW_FIRST files' tests first, in that order; the rest keep theirs (stable)."""
     rank = {name: i for i, name in enumerate(SLOW_FIRST)}
     items.sort(key=lambda it: rank.get(it.path.name, len(rank)))
+
+
+@pytest.fixture
+def no_host_bound():
+    """gloo's host rate (replay/transport.GLOO_HOST_RATE) out of the way, for a test that
+    checks the link's pricing alone (an infinite link would otherwise leave the host's CPU
+    pacing the bytes; tests/test_host_bound.py checks that term)."""
+    from tracetool.replay import transport
+
+    with transport.host_rate(float("inf")):
+        yield

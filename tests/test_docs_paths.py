@@ -48,13 +48,13 @@ def exists(path: Path) -> bool:
 def test_the_pattern_finds_paths_and_skips_other_repos_paths() -> None:
     """The extraction itself: a cited module, a link, a glob; not a corpus repo's tests/."""
     assert [m.group(0) for m in REPO_PATH.finditer(
-        "see `tracetool/ingest/store.py` and replay/gpus/*.toml, "
+        "see `tracetool/ingest/store.py` and tracetool/gpus/*.toml, "
         "facebookresearch__param/et_replay/tests/inputs/x.json")] == [
-        "tracetool/ingest/store.py", "replay/gpus/*.toml"]
+        "tracetool/ingest/store.py", "tracetool/gpus/*.toml"]
     assert LINK.findall("[a](docs/steps.md#x) [b](https://x.org/a.md) [c](#here)") == [
         "docs/steps.md"]
     assert not exists(REPO / "tracetool/ingest/store.py") and exists(REPO / "ingest/store.py")
-    assert exists(REPO / "replay/gpus/*.toml") and not exists(REPO / "replay/gpus/*.json")
+    assert exists(REPO / "tracetool/gpus/*.toml") and not exists(REPO / "tracetool/gpus/*.json")
 
 
 @pytest.mark.parametrize("doc", DOCS, ids=[d.relative_to(REPO).as_posix() for d in DOCS])

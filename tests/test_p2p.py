@@ -40,6 +40,17 @@ def _step_us(events: dict) -> float:
     return (max(e["ts"] + e["dur"] for evs in events.values() for e in evs) - 1_000_000) / 2
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _link_pricing_only():
+    """The link's pricing alone, in this module's traces and projections alike: gloo's host
+    rate (transport.GLOO_HOST_RATE) would pace these synthetic messages on a fast link
+    (tests/test_host_bound.py checks that term)."""
+    from tracetool.replay import transport
+
+    with transport.host_rate(float("inf")):
+        yield
+
+
 @pytest.fixture(scope="module")
 def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """f1b: the synthetic 1F1B job, each message taking the source network's price; crop:

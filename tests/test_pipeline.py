@@ -129,6 +129,17 @@ def write_job(d: Path, events: dict) -> Path:
     return d
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _link_pricing_only():
+    """The link's pricing alone, in this module's traces and projections alike: gloo's host
+    rate (transport.GLOO_HOST_RATE) would pace these synthetic messages on a fast link
+    (tests/test_host_bound.py checks that term)."""
+    from tracetool.replay import transport
+
+    with transport.host_rate(float("inf")):
+        yield
+
+
 @pytest.fixture(scope="module")
 def store(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
     """One store: the GPipe and 1F1B jobs (4 stages, 4 microbatches, no transfer time),

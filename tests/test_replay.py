@@ -152,6 +152,7 @@ def test_halving_bandwidth_never_speeds_up_a_step(job: str, src: str | None,
     assert (prev > measured).all()  # 200 Mbit/s is far slower than what they ran on
 
 
+@pytest.mark.usefixtures("no_host_bound")
 def test_infinite_network_leaves_compute_and_latency(replayers: dict[str, Replayer]) -> None:
     r = replayers["gloo"]
     src = parse_network(GLOO_NET)
