@@ -12,7 +12,7 @@ fi
 # two workers, a test file each at a time (its module fixtures stay in one process), the
 # slowest files first (tests/conftest.py SLOW_FIRST; --no-loadscope-reorder keeps that order
 # instead of xdist's by number of tests, which started the 1-test fuzz file last); stores
-# several files read are built once per session (conftest shared_store). 23:22 on
-# 2026-12-03 at loadavg 5-8 (28:58 CPU; 75:11 and 31:47 CPU before, at loadavg 15-20);
+# several files read are built once per session (conftest shared_store). 15:54 on an idle
+# machine, 2026-12-03 21:32 (29:53 CPU): over the 10-minute budget, issue 30;
 # the 30 slowest tests say what to trim
 .venv/bin/python -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder --durations=30 "$@"
