@@ -206,3 +206,14 @@ def no_host_bound():
 
     with transport.host_rate(float("inf")):
         yield
+
+
+@pytest.fixture(scope="module")
+def link_pricing_only():
+    """``no_host_bound`` for a whole module whose synthetic traces are laid out with the
+    link's price (their module fixtures and tests alike): ``pytestmark =
+    pytest.mark.usefixtures("link_pricing_only")``."""
+    from tracetool.replay import transport
+
+    with transport.host_rate(float("inf")):
+        yield

@@ -29,6 +29,9 @@ REFUSAL = ("tracetool: error: network what-if: job {job} has {n} point-to-point 
            "sender-receiver pairs, so it would price their transfers wrong; it does not "
            "project them onto another network yet (docs/collectives.md)\n")
 
+# the link's pricing alone, in the module's traces and projections (conftest)
+pytestmark = pytest.mark.usefixtures("link_pricing_only")
+
 
 def _price(spec: str) -> float:
     """The network model's time of one synthetic message on ``spec``, in us."""
@@ -38,17 +41,6 @@ def _price(spec: str) -> float:
 def _step_us(events: dict) -> float:
     """The laid-out job's step (2 steps from t = 1 s), in us."""
     return (max(e["ts"] + e["dur"] for evs in events.values() for e in evs) - 1_000_000) / 2
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _link_pricing_only():
-    """The link's pricing alone, in this module's traces and projections alike: gloo's host
-    rate (transport.GLOO_HOST_RATE) would pace these synthetic messages on a fast link
-    (tests/test_host_bound.py checks that term)."""
-    from tracetool.replay import transport
-
-    with transport.host_rate(float("inf")):
-        yield
 
 
 @pytest.fixture(scope="module")

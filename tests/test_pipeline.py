@@ -22,6 +22,9 @@ STAGE_RANKS = [2, 0, 3, 1]  # stage -> rank: the stage order is not the rank ord
 F_US, B_US, PRE_US, POST_US, AR_US = 1000, 2000, 500, 500, 10
 SHAPE = {"Input Dims": [[64, 1024]], "Input type": ["float"]}
 
+# the link's pricing alone, in the module's traces and projections (conftest)
+pytestmark = pytest.mark.usefixtures("link_pricing_only")
+
 
 def lay_out(orders: list[str], steps: int = 2, t_us: float = 0,
             link_us: Callable[[int, int], float] | None = None) -> tuple[dict, dict]:
@@ -127,17 +130,6 @@ def write_job(d: Path, events: dict) -> Path:
                  "args": {"name": "pt_gloo_runloop"}}]}
         write(d / f"rank{rank}.json", json.dumps(head))
     return d
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _link_pricing_only():
-    """The link's pricing alone, in this module's traces and projections alike: gloo's host
-    rate (transport.GLOO_HOST_RATE) would pace these synthetic messages on a fast link
-    (tests/test_host_bound.py checks that term)."""
-    from tracetool.replay import transport
-
-    with transport.host_rate(float("inf")):
-        yield
 
 
 @pytest.fixture(scope="module")
